@@ -1,0 +1,344 @@
+"""The only module that imports llama_cpp.
+
+A `Model` is one GGUF file with its own context (KV cache) and a reusable batch.
+It tracks which tokens its KV cache holds (`cached`), decodes new tokens at the
+end of that sequence, hands out logits rows as zero-copy numpy views, and cuts
+the cache back. When llama-cpp-python changes its low-level API, only this file
+changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .errors import ContextOverflowError, DraftDerivationError, ModelLoadError
+
+try:
+    import llama_cpp as lc
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ModelLoadError(
+        f"llama-cpp-python is not installed or failed to import ({exc}); "
+        "install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
+    ) from exc
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp's log goes into this ring instead of the terminal; the last lines
+# explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
+_LOG: deque[str] = deque(maxlen=64)
+
+
+@lc.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _LOG.append(line)
+    if os.environ.get("SPECLLAMA_DEBUG"):
+        sys.stderr.write(line)
+
+
+lc.llama_log_set(_on_log, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+QUANT_TYPES: dict[str, int] = {
+    "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
+    "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q5_1": lc.LLAMA_FTYPE_MOSTLY_Q5_1,
+    "Q5_0": lc.LLAMA_FTYPE_MOSTLY_Q5_0,
+    "Q4_1": lc.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "IQ4_NL": lc.LLAMA_FTYPE_MOSTLY_IQ4_NL,
+}
+
+LogitsWanted = Literal["none", "last", "all"]
+
+
+def _last_log_error() -> str:
+    for line in reversed(_LOG):
+        line = line.strip()
+        if line and ("error" in line.lower() or "failed" in line.lower()):
+            return line
+    return next((line.strip() for line in reversed(_LOG) if line.strip()), "no details")
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with a clear message before llama.cpp sees a file it cannot read."""
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, expected a .gguf file")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from exc
+    if not head:
+        raise ModelLoadError(f"{path}: file is empty, expected a GGUF model")
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
+
+
+class Model:
+    """One GGUF model with its own KV cache, driven token by token."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+    ) -> None:
+        self.path = Path(path)
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        check_gguf_file(self.path)
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+
+        mparams = lc.llama_model_default_params()
+        model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"{self.path}: llama.cpp could not load it ({_last_log_error()}); "
+                "the file may be truncated or of an unsupported architecture"
+            )
+        self._model = model
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(model))
+
+        self.n_batch = max(1, min(n_batch, n_ctx))
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(
+                f"{self.path}: could not create a context of {n_ctx} tokens ({_last_log_error()})"
+            )
+        self._ctx = ctx
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self._mem = lc.llama_get_memory(ctx)
+        self._vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+
+        self.cached: list[int] = []  # token ids held by the KV cache, position = index
+        self.decode_s = 0.0  # wall time inside llama_decode
+        self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
+        self.decode_calls = 0
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------- vocab
+    @property
+    def vocab_type(self) -> int:
+        return int(lc.llama_vocab_type(self._vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(lc.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(lc.llama_vocab_eos(self._vocab))
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def token_text(self, token: int) -> bytes:
+        """The raw vocabulary entry (e.g. '▁the', '<0x0A>'), as llama.cpp compares vocabs."""
+        return lc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        hit = self._eog.get(token)
+        if hit is None:
+            hit = self._eog[token] = bool(lc.llama_vocab_is_eog(self._vocab, token))
+        return hit
+
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def format_chat(self, messages: list[dict[str, str]], template: str | None = None) -> str:
+        """Render messages with the model's own jinja2 chat template (or `template`),
+        ending with the assistant's generation prompt."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = template or self.chat_template()
+        if template is None:
+            raise ValueError("model has no chat template")
+        piece = lambda t: self.token_text(t).decode("utf-8", errors="replace")  # noqa: E731
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=piece(self.eos) if self.eos >= 0 else "",
+            bos_token=piece(self.bos) if self.bos >= 0 else "",
+            add_generation_prompt=True,
+        )
+        return formatter(messages=messages).prompt
+
+    def tokenize_chat(self, rendered: str) -> list[int]:
+        """Tokenize a rendered chat prompt: special tokens parsed, BOS added only if the
+        template did not already write it."""
+        bos = self.bos
+        bos_text = self.token_text(bos).decode("utf-8", errors="replace") if bos >= 0 else ""
+        add_bos = self.adds_bos and not (bos_text and rendered.startswith(bos_text))
+        return self.tokenize(rendered, add_bos=add_bos, special=True)
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes this token contributes to the output text (control tokens: none)."""
+        out = self._pieces.get(token)
+        if out is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            out = self._pieces[token] = buf.raw[:n]
+        return out
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # --------------------------------------------------------------- decoding
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
+        """Append `tokens` to the KV cache; afterwards `logits_row(i)` reads row i of
+        this call (i counted within `tokens`; only rows asked for exist)."""
+        if not tokens:
+            return
+        start = len(self.cached)
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"context window full: {start} + {len(tokens)} tokens > n_ctx {self.n_ctx}"
+            )
+        # Long inputs (prompts) go in chunks of n_batch; only the final chunk can carry logits.
+        if len(tokens) > self.n_batch:
+            if logits == "all":
+                raise ValueError("logits for every row need len(tokens) <= n_batch")
+            cut = len(tokens) - (len(tokens) - 1) % self.n_batch - 1
+            for i in range(0, cut, self.n_batch):
+                self.decode(tokens[i : i + self.n_batch], "none")
+            self.decode(tokens[cut:], logits)
+            return
+        self._rows = len(tokens)
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        want_all = logits == "all"
+        for i, tok in enumerate(tokens):
+            batch.token[i] = tok
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_all
+        if logits == "last":
+            batch.logits[len(tokens) - 1] = True
+        # Record first: if anything interrupts us, the recovery path trusts the
+        # smaller of this list and the cache's real end (pos_max).
+        self.cached.extend(tokens)
+        t0 = time.perf_counter()
+        rc = lc.llama_decode(self._ctx, batch)
+        self.decode_s += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            del self.cached[start:]
+            self._drop_from(start)
+            if rc == 1:
+                raise ContextOverflowError(
+                    f"{self.path.name}: no room in the KV cache for {len(tokens)} more tokens"
+                )
+            raise ModelLoadError(f"{self.path.name}: llama_decode failed with code {rc}")
+        self.tokens_evaluated += len(tokens)
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
+        ptr = lc.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise IndexError(f"no logits for row {i} of the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def pos_max(self) -> int:
+        """Highest position the KV cache really holds (-1 when empty)."""
+        return int(lc.llama_memory_seq_pos_max(self._mem, 0))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached tokens, drop the rest."""
+        if n < len(self.cached) or n <= self.pos_max():
+            self._drop_from(n)
+            del self.cached[n:]
+
+    def _drop_from(self, n: int) -> None:
+        lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.cached.clear()
+
+    def sync_to(self, tokens: list[int]) -> int:
+        """Make the cache a prefix of `tokens`, keeping the longest common prefix it
+        already holds (also repairs a cache left mid-update by an interrupt).
+        Returns the number of tokens kept."""
+        limit = min(len(self.cached), len(tokens), self.pos_max() + 1)
+        keep = 0
+        cached = self.cached
+        while keep < limit and cached[keep] == tokens[keep]:
+            keep += 1
+        self.truncate(keep)
+        return keep
+
+
+def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:
+    """Requantize a GGUF file (e.g. a Q4_0 self-draft from a Q4_1 target)."""
+    if ftype not in QUANT_TYPES:
+        raise DraftDerivationError(
+            f"unknown quantization {ftype!r}; choose one of {', '.join(QUANT_TYPES)}"
+        )
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[ftype]
+    params.nthread = n_threads or 0
+    params.allow_requantize = True
+    rc = lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise DraftDerivationError(
+            f"{src}: requantizing to {ftype} failed ({_last_log_error()})"
+        )

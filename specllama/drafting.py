@@ -1,0 +1,93 @@
+"""Draft strategies: who proposes the tokens the target verifies.
+
+Every strategy returns the proposed tokens together with the distribution q
+each was really drawn from (None = all mass on that token), which is what the
+acceptance rule needs to stay exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+from .backend import Model
+from .errors import InvalidParameterError
+from .sampling import SamplingParams, probabilities, sample, sample_from_logits
+
+if TYPE_CHECKING:
+    from .speculative import SpeculativeDecoder
+
+DraftMode = Literal["model", "lookup", "hybrid"]
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    qs: list[np.ndarray | None] = field(default_factory=list)
+    source: Literal["model", "lookup"] = "model"
+
+
+class DraftStrategy(Protocol):
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        """Up to k tokens that may follow `committed`."""
+        ...
+
+    def settle(self, committed: list[int]) -> None:
+        """The round is over: drop whatever state went beyond `committed`."""
+        ...
+
+
+class ModelDraft:
+    """A small model samples the draft one token at a time from its own q.
+
+    `p_min` stops a draft early when the draft's most likely next token has less
+    than that probability. The decision depends on q alone, never on which token
+    is then drawn, so the acceptance rule stays exact.
+    """
+
+    def __init__(self, model: Model, p_min: float = 0.0) -> None:
+        self.model = model
+        self.p_min = p_min
+
+    def propose(
+        self, committed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        m = self.model
+        # Keep what the cache shares with `committed`, but never `last` itself:
+        # its logits are q_1, so it must be decoded now.
+        kept = m.sync_to(committed)
+        if kept == len(committed):
+            m.truncate(kept - 1)
+            kept -= 1
+        m.decode(committed[kept:], "last")
+        draft = Draft()
+        for i in range(k):
+            logits = m.logits_row(-1)
+            if self.p_min > 0.0:
+                q = probabilities(logits, params)
+                if q.max() < self.p_min:
+                    break
+                token = int(np.argmax(q)) if params.greedy else sample(q, rng)
+                draft.tokens.append(token)
+                draft.qs.append(None if params.greedy else q)
+            else:
+                token, q = sample_from_logits(logits, params, rng)
+                draft.tokens.append(token)
+                draft.qs.append(q)
+            if i + 1 < k:
+                m.decode([token], "last")
+        return draft
+
+    def settle(self, committed: list[int]) -> None:
+        self.model.sync_to(committed[:-1])
+
+
+def make_strategy(mode: DraftMode, decoder: SpeculativeDecoder) -> DraftStrategy | None:
+    """The draft strategy for a mode; None means the target decodes alone."""
+    if mode == "model":
+        return ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
+    raise InvalidParameterError(f"draft mode must be one of model, lookup, hybrid; got {mode!r}")

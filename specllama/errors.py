@@ -1,0 +1,33 @@
+"""Domain errors. The CLI turns each into a one-line message at one boundary."""
+
+from __future__ import annotations
+
+
+class SpecLlamaError(Exception):
+    """Base class: a problem the user can fix, reported without a traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(SpecLlamaError):
+    """models.toml is missing, malformed, or names something that does not exist."""
+
+
+class ModelLoadError(SpecLlamaError):
+    """A GGUF file is missing, unreadable, or llama.cpp refused it."""
+
+
+class IncompatiblePairError(SpecLlamaError):
+    """Target and draft do not share a vocabulary, so drafts cannot be verified."""
+
+
+class ContextOverflowError(SpecLlamaError):
+    """The prompt (plus what must be generated) does not fit the context window."""
+
+
+class InvalidParameterError(SpecLlamaError):
+    """A sampling or speculation setting is out of range."""
+
+
+class DraftDerivationError(SpecLlamaError):
+    """A derived draft (requantized target) could not be created."""

@@ -1,0 +1,62 @@
+"""What the engine reports while it generates: small frozen dataclasses.
+
+Renderers (CLI, REPL, bench) consume these; the engine never prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .speculative import GenerationResult
+
+
+@dataclass(frozen=True)
+class PromptEvaluated:
+    """The prompt is in both KV caches; `reused` tokens came from an earlier call."""
+
+    n_tokens: int
+    reused: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DraftProposed:
+    """Draft tokens waiting for the target's verdict (the seed's blue tokens)."""
+
+    tokens: tuple[int, ...]
+    source: Literal["model", "lookup"] = "model"
+
+
+@dataclass(frozen=True)
+class TokensAccepted:
+    """Draft tokens the target accepted (green). `text` is the newly printable text."""
+
+    tokens: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class TargetToken:
+    """A token the target chose itself (yellow): a correction after a rejection,
+    a bonus after a fully accepted draft, or a plain step without a draft."""
+
+    token: int
+    text: str
+    kind: Literal["correction", "bonus", "plain"]
+
+
+@dataclass(frozen=True)
+class TextFlushed:
+    """Text held back until the end (a possible stop-string prefix, a partial character)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: GenerationResult
+
+
+Event = PromptEvaluated | DraftProposed | TokensAccepted | TargetToken | TextFlushed | Finished

@@ -1,0 +1,179 @@
+"""Pure numpy sampling and the exact acceptance rule.
+
+Names follow the papers (Leviathan et al. 2023; Chen et al. 2023): `p` is the
+target's processed distribution, `q` the draft's, `residual` the distribution a
+rejected position is resampled from. Every random draw takes an injected
+`np.random.Generator`, so all of this is testable without a model.
+
+Processing order (the same for p and q): temperature, then top-k, top-p, min-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidParameterError
+
+# Candidates examined before falling back to a full sort for top-p; nucleus
+# sets on real vocabularies are almost always far smaller.
+_TOP_P_PARTIAL = 512
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a token is drawn from logits. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.8
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_sampling(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def validate_sampling(params: SamplingParams) -> None:
+    """Raise InvalidParameterError naming the first out-of-range value."""
+    t, k, tp, mp = params.temperature, params.top_k, params.top_p, params.min_p
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not np.isfinite(t) or t < 0:
+        raise InvalidParameterError(f"temperature must be a number >= 0, got {t!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise InvalidParameterError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+    if not isinstance(tp, (int, float)) or isinstance(tp, bool) or not (0.0 < tp <= 1.0):
+        raise InvalidParameterError(f"top_p must be in (0, 1], got {tp!r}")
+    if not isinstance(mp, (int, float)) or isinstance(mp, bool) or not (0.0 <= mp <= 1.0):
+        raise InvalidParameterError(f"min_p must be in [0, 1], got {mp!r}")
+    seed = params.seed
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The processed distribution over the vocabulary (float64, sums to 1).
+
+    Greedy gives a one-hot vector on the argmax (first index on ties).
+    """
+    n = logits.shape[-1]
+    if params.greedy:
+        out = np.zeros(n, dtype=np.float64)
+        out[int(np.argmax(logits))] = 1.0
+        return out
+
+    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    keep: np.ndarray | None = None  # indices that survive filtering; None = all
+
+    if 0 < params.top_k < n:
+        keep = np.argpartition(-z, params.top_k - 1)[: params.top_k]
+
+    if params.top_p < 1.0:
+        keep = _nucleus(z, keep, params.top_p)
+
+    if keep is None:
+        probs = np.exp(z - z.max())
+    else:
+        probs = np.zeros(n, dtype=np.float64)
+        zk = z[keep]
+        probs[keep] = np.exp(zk - zk.max())
+    probs /= probs.sum()
+
+    if params.min_p > 0.0:
+        probs[probs < params.min_p * probs.max()] = 0.0
+        probs /= probs.sum()
+    return probs
+
+
+def _nucleus(z: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray:
+    """Smallest set of highest-probability indices whose mass reaches top_p."""
+    cand = np.arange(z.shape[0]) if keep is None else keep
+    zc = z[cand]
+    w = np.exp(zc - zc.max())
+    total = w.sum()
+    if cand.shape[0] > _TOP_P_PARTIAL:
+        # Sorting only the head is exact when the head alone already reaches top_p.
+        head = np.argpartition(-w, _TOP_P_PARTIAL - 1)[:_TOP_P_PARTIAL]
+        if w[head].sum() >= top_p * total:
+            cand, w = cand[head], w[head]
+    order = np.argsort(-w, kind="stable")
+    cum = np.cumsum(w[order])
+    # A hair of slack so a set summing to exactly top_p is not lost to rounding.
+    n_keep = int(np.searchsorted(cum, top_p * total * (1 - 1e-12), side="left")) + 1
+    return cand[order[: min(n_keep, order.shape[0])]]
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one index from a probability vector by inverse CDF."""
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[0] - 1))
+
+
+def sample_from_logits(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, np.ndarray | None]:
+    """A token and the distribution it came from (None when greedy: all mass on it)."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    q = probabilities(logits, params)
+    return sample(q, rng), q
+
+
+def acceptance_probability(p: np.ndarray, q: np.ndarray | None, token: int) -> float:
+    """min(1, p(d)/q(d)); q=None means the draft put all its mass on `token`."""
+    q_d = 1.0 if q is None else float(q[token])
+    if q_d <= 0.0:
+        # The draft cannot propose a token it gives zero mass; treat defensively.
+        return 0.0
+    return min(1.0, float(p[token]) / q_d)
+
+
+def residual(p: np.ndarray, q: np.ndarray | None, token: int) -> np.ndarray:
+    """norm(max(0, p − q)): where a rejected position is resampled from."""
+    if q is None:
+        r = p.copy()
+        r[token] = 0.0
+    else:
+        r = np.maximum(p - q, 0.0)
+    total = r.sum()
+    if total <= 0.0:
+        # Only reachable when p == q up to rounding, where rejection has ~zero probability.
+        return p
+    return r / total
+
+
+def verify(
+    p_rows: Callable[[int], np.ndarray],
+    drafts: list[int],
+    qs: list[np.ndarray | None],
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """The acceptance rule over one draft.
+
+    Returns (m, token): m drafts accepted left to right, then one more token: the
+    correction drawn from the residual at the first rejection, or a bonus token
+    drawn from p_{k+1} when all k are accepted. p rows are computed lazily so a
+    rejection at position 1 never processes the later rows.
+    """
+    for i, d in enumerate(drafts):
+        p = p_rows(i)
+        if rng.random() < acceptance_probability(p, qs[i], d):
+            continue
+        return i, sample(residual(p, qs[i], d), rng)
+    return len(drafts), sample(p_rows(len(drafts)), rng)
+
+
+def verify_greedy(argmax_rows: Callable[[int], int], drafts: list[int]) -> tuple[int, int]:
+    """Temperature 0: accept while the draft equals the target's argmax."""
+    for i, d in enumerate(drafts):
+        best = argmax_rows(i)
+        if d != best:
+            return i, best
+    return len(drafts), argmax_rows(len(drafts))
+

@@ -1,0 +1,233 @@
+"""The round loop: draft, verify in one batch, accept exactly, cut the caches back.
+
+Read `SpeculativeDecoder.stream` top to bottom; DESIGN.md section 2 describes
+one round. Invariant between rounds: both KV caches hold exactly
+`committed[:-1]` (the draft's may lag behind; it catches up when it drafts next).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .backend import Model
+from .compat import check_compatible
+from .drafting import Draft, DraftMode, make_strategy
+from .errors import ContextOverflowError, InvalidParameterError
+from .events import (
+    DraftProposed,
+    Event,
+    Finished,
+    PromptEvaluated,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from .policy import DraftMax, make_policy
+from .sampling import SamplingParams, probabilities, verify, verify_greedy
+from .stats import Stats
+from .textstream import TextStream
+
+FinishReason = Literal["eos", "length", "stop", "context", "interrupted"]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
+    text: str
+    finish_reason: FinishReason
+    stats: Stats
+    prompt_tokens: int
+
+
+class SpeculativeDecoder:
+    """A target model, optionally a draft model, and the exact speculative loop."""
+
+    def __init__(self, target: Model, draft: Model | None = None, *, p_min: float = 0.0) -> None:
+        if draft is not None:
+            check_compatible(target, draft)
+        self.target = target
+        self.draft = draft
+        self.p_min = p_min
+        self.last_result: GenerationResult | None = None
+
+    @classmethod
+    def load(
+        cls,
+        target: str | Path,
+        draft: str | Path | None = None,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        p_min: float = 0.0,
+    ) -> SpeculativeDecoder:
+        target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads)
+        draft_model = None
+        if draft is not None and str(draft) != "lookup":
+            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+        return cls(target_model, draft_model, p_min=p_min)
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx if self.draft is None else min(self.target.n_ctx, self.draft.n_ctx)
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        """A str gets BOS if the model wants one and its special tokens parsed."""
+        if isinstance(prompt, str):
+            return self.target.tokenize(prompt, add_bos=self.target.adds_bos, special=True)
+        return [int(t) for t in prompt]
+
+    def reset(self) -> None:
+        """Forget everything in both KV caches."""
+        self.target.clear()
+        if self.draft is not None:
+            self.draft.clear()
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+        result = None
+        for event in self.stream(prompt, **kwargs):
+            if isinstance(event, Finished):
+                result = event.result
+        assert result is not None
+        return result
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        draft_max: DraftMax = 4,
+        stop: Sequence[str] = (),
+        keep_cache: bool = False,
+        draft_mode: DraftMode = "model",
+    ) -> Iterator[Event]:
+        """Generate, yielding events as tokens are decided.
+
+        keep_cache=True reuses whatever prefix of `prompt` the caches already
+        hold (the chat REPL); otherwise every call starts clean.
+        """
+        params = sampling or SamplingParams()
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+            raise InvalidParameterError(f"max_tokens must be an integer > 0, got {max_tokens!r}")
+        policy = make_policy(draft_max, self)
+        strategy = make_strategy(draft_mode, self)
+        committed = self.tokenize(prompt)
+        if not committed:
+            raise InvalidParameterError("the prompt is empty")
+        if len(committed) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(committed)} tokens but the context window holds "
+                f"{self.n_ctx}; raise n_ctx or shorten the prompt"
+            )
+        n_prompt = len(committed)
+        rng = np.random.default_rng(params.seed)
+        stats = Stats(prompt_tokens=n_prompt)
+        models = [m for m in (self.target, self.draft) if m is not None]
+        if not keep_cache:
+            self.reset()
+
+        # Prompt: everything but the last token goes into both caches now.
+        t0 = time.perf_counter()
+        reused = []
+        for m in models:
+            kept = m.sync_to(committed[:-1])
+            reused.append(kept)
+            m.decode(committed[kept:-1], "none")
+        stats.prompt_reused = reused[0]
+        stats.prompt_s = time.perf_counter() - t0
+        yield PromptEvaluated(n_prompt, reused[0], stats.prompt_s)
+
+        text = TextStream(self.target.piece, stop)
+        generated: list[int] = []
+        finish: FinishReason | None = None
+        target = self.target
+        draft_s0 = self.draft.decode_s if self.draft is not None else 0.0
+        target_s0 = target.decode_s
+        t_start = time.perf_counter()
+        try:
+            while finish is None:
+                remaining = max_tokens - len(generated)
+                # Verifying [last, d1..dk] needs positions up to len(committed) + k - 1.
+                room = self.n_ctx - len(committed)
+                if room < 0:
+                    finish = "context"
+                    break
+                k = min(policy.choose(), remaining - 1, room) if strategy else 0
+                draft = strategy.propose(committed, k, params, rng) if k > 0 else Draft()
+                if draft.tokens:
+                    yield DraftProposed(tuple(draft.tokens), draft.source)
+
+                # Verify: one target pass over [last, d1..dk] gives p_1..p_{k+1}.
+                target.decode([committed[-1], *draft.tokens], "all" if draft.tokens else "last")
+                if params.greedy:
+                    m, x = verify_greedy(
+                        lambda i: int(np.argmax(target.logits_row(i))), draft.tokens
+                    )
+                else:
+                    m, x = verify(
+                        lambda i: probabilities(target.logits_row(i), params),
+                        draft.tokens,
+                        draft.qs,
+                        rng,
+                    )
+
+                # Commit d1..dm and x, stopping at end-of-generation or max_tokens.
+                new = [*draft.tokens[:m], x]
+                emitted: list[int] = []
+                for token in new:
+                    emitted.append(token)
+                    if target.is_eog(token):
+                        finish = "eos"
+                        break
+                    if len(generated) + len(emitted) == max_tokens:
+                        finish = "length"
+                        break
+                committed.extend(emitted)
+                generated.extend(emitted)
+                target.truncate(len(committed) - 1)
+                if strategy is not None:
+                    strategy.settle(committed)
+                stats.record_round(len(draft.tokens), m, len(emitted))
+                policy.observe(len(draft.tokens), m)
+
+                n_drafted_emitted = min(m, len(emitted))
+                if n_drafted_emitted:
+                    accepted_text = text.feed(emitted[:n_drafted_emitted])
+                    yield TokensAccepted(tuple(emitted[:n_drafted_emitted]), accepted_text)
+                if len(emitted) > n_drafted_emitted:
+                    kind = "plain" if not draft.tokens else ("bonus" if m == k else "correction")
+                    yield TargetToken(x, text.feed([x]), kind)
+                if text.stopped:
+                    finish = "stop"
+        except GeneratorExit:
+            finish = "interrupted"
+            raise
+        finally:
+            # Whatever happened (early close, Ctrl-C, an error), both caches end
+            # as a prefix of committed[:-1], so the next call is correct.
+            for m_ in models:
+                m_.sync_to(committed[:-1])
+            stats.generate_s = time.perf_counter() - t_start
+            stats.target_s = target.decode_s - target_s0
+            stats.draft_s = (self.draft.decode_s - draft_s0) if self.draft is not None else 0.0
+            stats.policy_note = policy.describe()
+            self.last_result = GenerationResult(
+                generated, text.text, finish or "interrupted", stats, n_prompt
+            )
+        tail = text.flush()
+        if tail:
+            yield TextFlushed(tail)
+        result = GenerationResult(generated, text.text, finish, stats, n_prompt)
+        self.last_result = result
+        yield Finished(result)

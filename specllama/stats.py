@@ -1,0 +1,97 @@
+"""Counters and timings of one generation, and the figures derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_reused: int = 0
+    tokens: int = 0  # generated tokens (what the user got)
+    target_steps: int = 0  # target verification passes, plain steps included
+    drafted: int = 0
+    accepted: int = 0
+    # drafted_at[i] / accepted_at[i]: drafts proposed / accepted at draft position i+1
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # k -> rounds that used it
+    prompt_s: float = 0.0  # wall time evaluating the prompt
+    generate_s: float = 0.0  # wall time of the generation rounds
+    draft_s: float = 0.0  # inside the draft model's llama_decode during generation
+    target_s: float = 0.0  # inside the target's llama_decode during generation
+    policy_note: str = ""  # why the draft length was what it was, for the user
+
+    def record_round(self, k: int, m: int, emitted: int) -> None:
+        self.target_steps += 1
+        self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
+        self.drafted += k
+        self.accepted += m
+        self.tokens += emitted
+        while len(self.drafted_at) < k:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(k):
+            self.drafted_at[i] += 1
+            if i < m:
+                self.accepted_at[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.target_steps if self.target_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Generation time spent outside llama.cpp decode calls: our own cost."""
+        return max(0.0, self.generate_s - self.draft_s - self.target_s)
+
+    @property
+    def overhead_share(self) -> float:
+        return self.overhead_s / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def mean_draft_length(self) -> float:
+        rounds = sum(self.draft_lengths.values())
+        return sum(k * n for k, n in self.draft_lengths.items()) / rounds if rounds else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["draft_lengths"] = {str(k): v for k, v in sorted(self.draft_lengths.items())}
+        for name in (
+            "acceptance_rate",
+            "tokens_per_step",
+            "tokens_per_s",
+            "overhead_s",
+            "overhead_share",
+            "acceptance_by_position",
+            "mean_draft_length",
+        ):
+            out[name] = getattr(self, name)
+        return out
+
+    def merge(self, other: Stats) -> None:
+        """Add another generation's counts (session totals in the REPL)."""
+        for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
+                     "accepted", "prompt_s", "generate_s", "draft_s", "target_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            while len(self.drafted_at) <= i:
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+        for k, n in other.draft_lengths.items():
+            self.draft_lengths[k] = self.draft_lengths.get(k, 0) + n

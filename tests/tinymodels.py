@@ -1,0 +1,281 @@
+"""Tiny random-weight GGUF language models for fast, real-llama.cpp tests.
+
+``write_tiny_model`` writes a complete ``llama``-architecture GGUF file (all tensors F32,
+a few hundred KiB) with a SentencePiece-style ("llama") vocabulary that real llama.cpp
+loads in milliseconds. The weights are a deterministic function of ``seed``; ``noise``
+perturbs every tensor by Gaussian noise of that *relative* size (drawn from
+``noise_seed``), which turns a copy of a target into a "draft" with tunable agreement.
+``noise=0`` reproduces the target's weights byte for byte.
+
+Vocabulary layout (``vocab="a"``)::
+
+    0 <unk>  1 <s> (BOS)  2 </s> (EOS)  3 <|im_start|>  4 <|im_end|> (EOT, end-of-generation)
+    5..260   <0x00>..<0xFF> byte-fallback tokens
+    261..    "▁", then ▁-prefixed words (with every prefix, so SPM merges can reach them),
+             a few sub-word pieces, letters, digits, punctuation
+
+``vocab="b"`` keeps ids 0..4 but is otherwise different (normal pieces first, different
+words, byte tokens last) and larger by well over 128 tokens, so a target/draft pair made of
+an "a" and a "b" model is vocabulary-incompatible.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "CHATML",
+    "DEFAULT_LOGIT_SCALE",
+    "vocab_pieces",
+    "write_tiny_model",
+]
+
+# ChatML, as used by SmolLM2-Instruct (minus its default system prompt).
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Std of the output logits (before the byte/control down-weighting). Chosen so that at
+# temperature 1 the top token typically has probability ~0.1-0.6 and the distribution
+# has a long tail of non-negligible tokens.
+DEFAULT_LOGIT_SCALE = 3.0
+
+# gguf TokenType values (gguf.TokenType), spelled out to keep this module import-light.
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+
+_SPECIALS = [
+    ("<unk>", _UNKNOWN),
+    ("<s>", _CONTROL),
+    ("</s>", _CONTROL),
+    ("<|im_start|>", _CONTROL),
+    ("<|im_end|>", _CONTROL),
+]
+_BYTES = [(f"<0x{i:02X}>", _BYTE) for i in range(256)]
+
+
+def _special_entries() -> list[tuple[str, float, int]]:
+    return [(t, 0.0, typ) for t, typ in _SPECIALS]
+
+
+def _byte_entries() -> list[tuple[str, float, int]]:
+    return [(t, 0.0, typ) for t, typ in _BYTES]
+
+_WORDS_A = (
+    "the a of and to in is it that was for on are with as I he she they we you "
+    "hello world cat dog this from or had by not but what all can there an which "
+    "one have be at his her will so if do how up out some time like see no two "
+    "Hello The It A This"
+).split()
+_SUBWORDS_A = ["in", "ing", "er", "ed", "es", "th", "he", "re", "an", "on", "at", "ll"]
+
+_WORDS_B = (
+    "zebra quartz lorem ipsum dolor sit amet consectetur adipiscing elit sed eiusmod "
+    "tempor incididunt labore dolore magna aliqua enim minim veniam quis nostrud "
+    "exercitation ullamco laboris nisi aliquip commodo consequat duis aute irure "
+    "reprehenderit voluptate velit esse cillum fugiat nulla pariatur excepteur sint "
+    "occaecat cupidatat proident sunt culpa officia deserunt mollit anim est laborum "
+    "Zebra Lorem Quartz"
+).split()
+_SUBWORDS_B = ["or", "um", "it", "at", "qu", "ex", "con", "tion", "lab", "ol"]
+
+_LETTERS = list(string.ascii_lowercase + string.ascii_uppercase)
+_DIGITS = list(string.digits)
+_PUNCT = list(".,!?;:'\"()-[]{}/\\@#$%&*+=<>_~`^|")
+
+
+def _with_prefixes(pieces: list[str], *, min_len: int) -> list[str]:
+    """Every piece plus all its prefixes of length >= ``min_len`` (merge chain for SPM)."""
+    out: list[str] = []
+    for piece in pieces:
+        for n in range(min_len, len(piece) + 1):
+            out.append(piece[:n])
+    return out
+
+
+def _dedupe(pieces: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for p in pieces:
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+def vocab_pieces(vocab: str = "a") -> list[tuple[str, float, int]]:
+    """Return ``[(text, score, token_type), ...]`` for vocabulary ``"a"`` or ``"b"``."""
+    if vocab == "a":
+        normal = (
+            ["▁"]
+            + _with_prefixes(["▁" + w for w in _WORDS_A], min_len=2)
+            + _with_prefixes(_SUBWORDS_A, min_len=2)
+            + _LETTERS
+            + _DIGITS
+            + _PUNCT
+        )
+        normal = _dedupe(normal)
+        normal_entries = [(p, -float(i), _NORMAL) for i, p in enumerate(normal)]
+        entries = _special_entries() + _byte_entries() + normal_entries
+    elif vocab == "b":
+        normal = (
+            _DIGITS
+            + list(reversed(_LETTERS))
+            + _PUNCT
+            + ["▁"]
+            + ["▁" + c for c in _LETTERS]
+            + _with_prefixes(["▁" + w for w in _WORDS_B], min_len=3)
+            + _with_prefixes(_SUBWORDS_B, min_len=2)
+            + [a + b for a in "aeiou" for b in "bcdfglmnprstv"]
+        )
+        normal = _dedupe(normal)
+        normal_entries = [(p, -float(i), _NORMAL) for i, p in enumerate(normal)]
+        entries = _special_entries() + normal_entries + _byte_entries()
+    else:
+        raise ValueError(f"unknown vocab {vocab!r} (expected 'a' or 'b')")
+    return entries
+
+
+def _weights(
+    *,
+    seed: int,
+    types: list[int],
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    logit_scale: float,
+) -> dict[str, np.ndarray]:
+    """Deterministic random weights (float64, insertion order is the generation order)."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(types)
+    head_dim = n_embd // n_head
+    n_embd_kv = head_dim * n_head_kv
+    inv = 1.0 / np.sqrt(n_embd)
+    qk_gain = 1.5  # makes attention reasonably peaked => real dependence on context
+
+    w: dict[str, np.ndarray] = {}
+    w["token_embd.weight"] = rng.standard_normal((n_vocab, n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(n_embd)
+        w[p + "attn_q.weight"] = rng.standard_normal((n_embd, n_embd)) * inv * qk_gain
+        w[p + "attn_k.weight"] = rng.standard_normal((n_embd_kv, n_embd)) * inv * qk_gain
+        w[p + "attn_v.weight"] = rng.standard_normal((n_embd_kv, n_embd)) * inv
+        w[p + "attn_output.weight"] = rng.standard_normal((n_embd, n_embd)) * inv
+        w[p + "ffn_norm.weight"] = np.ones(n_embd)
+        w[p + "ffn_gate.weight"] = rng.standard_normal((n_ff, n_embd)) * inv
+        w[p + "ffn_up.weight"] = rng.standard_normal((n_ff, n_embd)) * inv
+        w[p + "ffn_down.weight"] = rng.standard_normal((n_embd, n_ff)) / np.sqrt(n_ff)
+    w["output_norm.weight"] = np.ones(n_embd)
+    out = rng.standard_normal((n_vocab, n_embd)) * inv * logit_scale
+    # Byte and control tokens get flatter logits so that sampled text is mostly made of
+    # normal pieces (they still carry real probability mass, so EOG and byte tokens do
+    # get generated now and then).
+    t = np.asarray(types)
+    out[t == _BYTE] *= 0.5
+    out[(t == _CONTROL) | (t == _UNKNOWN)] *= 0.5
+    w["output.weight"] = out
+    return w
+
+
+def write_tiny_model(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    vocab: str = "a",
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 4,
+    n_ff: int = 128,
+    n_ctx_train: int = 4096,
+    noise: float = 0.0,
+    noise_seed: int = 1,
+    logit_scale: float = DEFAULT_LOGIT_SCALE,
+    chat_template: str | None = CHATML,
+    add_space_prefix: bool = True,
+    name: str | None = None,
+) -> Path:
+    """Write a tiny random ``llama`` GGUF model to ``path`` and return the path.
+
+    ``noise`` is relative: each tensor ``W`` becomes ``W + noise * rms(W) * N(0, 1)``
+    with the normal draws taken from ``noise_seed`` (norm weights included).
+
+    ``add_space_prefix=True`` (the SPM/Llama-1/2 default) makes llama.cpp prepend "▁" to
+    the text it tokenizes, so detokenizing yields a leading space unless it is stripped
+    (``Llama.detokenize`` strips it only when the first token is BOS).
+    """
+    import gguf  # test-only dependency
+
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be divisible by n_head, and n_head by n_head_kv")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    entries = vocab_pieces(vocab)
+    texts = [e[0] for e in entries]
+    scores = [e[1] for e in entries]
+    types = [e[2] for e in entries]
+    tok_id = {t: i for i, t in enumerate(texts)}
+    head_dim = n_embd // n_head
+
+    weights = _weights(
+        seed=seed,
+        types=types,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        logit_scale=logit_scale,
+    )
+    if noise > 0:
+        nrng = np.random.default_rng(noise_seed)
+        for k, v in weights.items():
+            rms = float(np.sqrt(np.mean(v * v)))
+            weights[k] = v + noise * rms * nrng.standard_normal(v.shape)
+
+    arch = "llama"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_string("general.name", name or f"tiny-{vocab}-s{seed}-n{noise:g}")
+    w.add_uint32("general.file_type", 0)  # ALL_F32
+    w.add_uint32(f"{arch}.vocab_size", len(texts))
+    w.add_uint32(f"{arch}.context_length", n_ctx_train)
+    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_uint32(f"{arch}.block_count", n_layer)
+    w.add_uint32(f"{arch}.feed_forward_length", n_ff)
+    w.add_uint32(f"{arch}.attention.head_count", n_head)
+    w.add_uint32(f"{arch}.attention.head_count_kv", n_head_kv)
+    w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_array("tokenizer.ggml.tokens", texts)
+    w.add_array("tokenizer.ggml.scores", scores)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", tok_id["<unk>"])
+    w.add_uint32("tokenizer.ggml.bos_token_id", tok_id["<s>"])
+    w.add_uint32("tokenizer.ggml.eos_token_id", tok_id["</s>"])
+    w.add_uint32("tokenizer.ggml.eot_token_id", tok_id["<|im_end|>"])
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_bool("tokenizer.ggml.add_eos_token", False)
+    w.add_bool("tokenizer.ggml.add_space_prefix", add_space_prefix)
+    if chat_template is not None:
+        w.add_string("tokenizer.chat_template", chat_template)
+
+    for k, v in weights.items():
+        w.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
