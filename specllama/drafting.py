@@ -7,6 +7,7 @@ acceptance rule needs to stay exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -29,11 +30,19 @@ class Draft:
     source: Literal["model", "lookup"] = "model"
 
 
+ChooseK = Callable[[str], int]  # source name -> draft length the policy allows now
+
+
 class DraftStrategy(Protocol):
     def propose(
-        self, committed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        committed: list[int],
+        choose_k: ChooseK,
+        params: SamplingParams,
+        rng: np.random.Generator,
     ) -> Draft:
-        """Up to k tokens that may follow `committed`."""
+        """Up to choose_k(source) tokens that may follow `committed`; an empty Draft
+        when k is 0 (then nothing is decoded at all)."""
         ...
 
     def settle(self, committed: list[int]) -> None:
@@ -54,8 +63,15 @@ class ModelDraft:
         self.p_min = p_min
 
     def propose(
-        self, committed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        committed: list[int],
+        choose_k: ChooseK,
+        params: SamplingParams,
+        rng: np.random.Generator,
     ) -> Draft:
+        k = choose_k("model")
+        if k <= 0:
+            return Draft()
         m = self.model
         # Keep what the cache shares with `committed`, but never `last` itself:
         # its logits are q_1, so it must be decoded now.

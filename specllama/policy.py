@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from .errors import InvalidParameterError
@@ -13,13 +14,24 @@ DraftMax = int | Literal["auto", "heuristic"]
 MAX_DRAFT = 64
 
 
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round cost and gave: the input of adaptive policies."""
+
+    k: int  # tokens drafted (0 = plain target step)
+    accepted: int
+    source: Literal["model", "lookup"]
+    target_s: float  # target decode time of this round (one pass of k+1 tokens)
+    draft_s: float  # draft model decode time of this round (0 for lookup)
+
+
 class DraftLengthPolicy(Protocol):
-    def choose(self) -> int:
-        """Draft length for the next round (0 = plain target step)."""
+    def choose(self, source: str = "model") -> int:
+        """Draft length for the next round from this source (0 = plain target step)."""
         ...
 
-    def observe(self, k: int, accepted: int) -> None:
-        """Outcome of the round that used draft length k."""
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Outcome of the last round."""
         ...
 
     def describe(self) -> str:
@@ -31,10 +43,10 @@ class FixedDraftLength:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose(self) -> int:
+    def choose(self, source: str = "model") -> int:
         return self.k
 
-    def observe(self, k: int, accepted: int) -> None:
+    def observe(self, outcome: RoundOutcome) -> None:
         pass
 
     def describe(self) -> str:
@@ -48,13 +60,13 @@ class HeuristicDraftLength:
         self.k_max, self.k_min = k_max, k_min
         self.k = max(k_min, min(start, k_max))
 
-    def choose(self) -> int:
+    def choose(self, source: str = "model") -> int:
         return self.k
 
-    def observe(self, k: int, accepted: int) -> None:
-        if k == 0:
+    def observe(self, outcome: RoundOutcome) -> None:
+        if outcome.k == 0:
             return
-        step = 2 if accepted == k else -1
+        step = 2 if outcome.accepted == outcome.k else -1
         self.k = max(self.k_min, min(self.k_max, self.k + step))
 
     def describe(self) -> str:

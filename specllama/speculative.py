@@ -28,7 +28,7 @@ from .events import (
     TextFlushed,
     TokensAccepted,
 )
-from .policy import DraftMax, make_policy
+from .policy import DraftMax, RoundOutcome, make_policy
 from .sampling import SamplingParams, probabilities, verify, verify_greedy
 from .stats import Stats
 from .textstream import TextStream
@@ -86,6 +86,9 @@ class SpeculativeDecoder:
         if isinstance(prompt, str):
             return self.target.tokenize(prompt, add_bos=self.target.adds_bos, special=True)
         return [int(t) for t in prompt]
+
+    def _draft_s(self) -> float:
+        return self.draft.decode_s if self.draft is not None else 0.0
 
     def reset(self) -> None:
         """Forget everything in both KV caches."""
@@ -152,7 +155,7 @@ class SpeculativeDecoder:
         generated: list[int] = []
         finish: FinishReason | None = None
         target = self.target
-        draft_s0 = self.draft.decode_s if self.draft is not None else 0.0
+        draft_s0 = self._draft_s()
         target_s0 = target.decode_s
         t_start = time.perf_counter()
         try:
@@ -163,8 +166,16 @@ class SpeculativeDecoder:
                 if room < 0:
                     finish = "context"
                     break
-                k = min(policy.choose(), remaining - 1, room) if strategy else 0
-                draft = strategy.propose(committed, k, params, rng) if k > 0 else Draft()
+                limit = min(remaining - 1, room)
+                draft_s0_round, target_s0_round = self._draft_s(), target.decode_s
+                draft = (
+                    strategy.propose(
+                        committed, lambda src, lim=limit: min(policy.choose(src), lim), params, rng
+                    )
+                    if strategy is not None and limit > 0
+                    else Draft()
+                )
+                k = len(draft.tokens)
                 if draft.tokens:
                     yield DraftProposed(tuple(draft.tokens), draft.source)
 
@@ -199,7 +210,13 @@ class SpeculativeDecoder:
                 if strategy is not None:
                     strategy.settle(committed)
                 stats.record_round(len(draft.tokens), m, len(emitted))
-                policy.observe(len(draft.tokens), m)
+                policy.observe(
+                    RoundOutcome(
+                        k, m, draft.source,
+                        target.decode_s - target_s0_round,
+                        self._draft_s() - draft_s0_round,
+                    )
+                )
 
                 n_drafted_emitted = min(m, len(emitted))
                 if n_drafted_emitted:
@@ -220,7 +237,7 @@ class SpeculativeDecoder:
                 m_.sync_to(committed[:-1])
             stats.generate_s = time.perf_counter() - t_start
             stats.target_s = target.decode_s - target_s0
-            stats.draft_s = (self.draft.decode_s - draft_s0) if self.draft is not None else 0.0
+            stats.draft_s = self._draft_s() - draft_s0
             stats.policy_note = policy.describe()
             self.last_result = GenerationResult(
                 generated, text.text, finish or "interrupted", stats, n_prompt

@@ -88,8 +88,8 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def setup(tiny_target, tiny_draft):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=2)
-    probe = Model(tiny_target, n_ctx=256, n_threads=2)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = dec.tokenize(PROMPT_TEXT)
     yield dec, probe, prompt
     probe.close()

@@ -93,7 +93,8 @@ def test_verify_greedy():
 def test_probabilities_temperature():
     z = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
     expected = softmax(z.astype(np.float64) / 0.5)
-    np.testing.assert_allclose(probabilities(z, SamplingParams(temperature=0.5)), expected, rtol=1e-9)
+    actual = probabilities(z, SamplingParams(temperature=0.5))
+    np.testing.assert_allclose(actual, expected, rtol=1e-9)
 
 
 def test_probabilities_greedy_is_one_hot_on_first_max():

@@ -37,14 +37,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=2)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
 def dec_same(tiny_target, tiny_draft_same):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=2)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1)
     yield d
     d.close()
 
@@ -59,7 +59,7 @@ def top_two_gap(model: Model, tokens: list[int]) -> float:
 
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_output_equals_target_alone(dec, tiny_target, k):
-    probe = Model(tiny_target, n_ctx=512, n_threads=2)
+    probe = Model(tiny_target, n_ctx=512, n_threads=1)
     for prompt in PROMPTS:
         base = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=0)
         spec = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=k)
@@ -74,7 +74,7 @@ def test_greedy_output_equals_target_alone(dec, tiny_target, k):
 
 def test_target_alone_is_plain_decoding(dec, tiny_target):
     """draft_max=0 equals a hand-written greedy loop over the target."""
-    model = Model(tiny_target, n_ctx=512, n_threads=2)
+    model = Model(tiny_target, n_ctx=512, n_threads=1)
     tokens = dec.tokenize("the cat sat on the")
     model.decode(tokens, "last")
     expected = []
@@ -226,7 +226,7 @@ def test_keep_cache_reuses_the_common_prefix(dec):
 
 
 def test_context_full_stops_generation(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=32, n_threads=2)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=32, n_threads=1)
     res = d.generate("Hello world", max_tokens=500, sampling=GREEDY, draft_max=4)
     assert res.finish_reason in ("context", "eos")
     # llama.cpp rounds small contexts up; the decoder reports what it really got

@@ -66,6 +66,7 @@ def _special_entries() -> list[tuple[str, float, int]]:
 def _byte_entries() -> list[tuple[str, float, int]]:
     return [(t, 0.0, typ) for t, typ in _BYTES]
 
+
 _WORDS_A = (
     "the a of and to in is it that was for on are with as I he she they we you "
     "hello world cat dog this from or had by not but what all can there an which "
