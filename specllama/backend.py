@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from .errors import ContextOverflowError, DraftDerivationError, ModelLoadError
+from .sources import check_gguf_file
 
 try:
     import llama_cpp as lc
@@ -28,8 +29,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         f"llama-cpp-python is not installed or failed to import ({exc}); "
         "install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
     ) from exc
-
-GGUF_MAGIC = b"GGUF"
 
 # llama.cpp's log goes into this ring instead of the terminal; the last lines
 # explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
@@ -68,23 +67,6 @@ def _last_log_error() -> str:
     return next((line.strip() for line in reversed(_LOG) if line.strip()), "no details")
 
 
-def check_gguf_file(path: Path) -> None:
-    """Fail with a clear message before llama.cpp sees a file it cannot read."""
-    if not path.exists():
-        raise ModelLoadError(f"{path}: no such file")
-    if path.is_dir():
-        raise ModelLoadError(f"{path}: is a directory, expected a .gguf file")
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from exc
-    if not head:
-        raise ModelLoadError(f"{path}: file is empty, expected a GGUF model")
-    if head != GGUF_MAGIC:
-        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
-
-
 class Model:
     """One GGUF model with its own KV cache, driven token by token."""
 
@@ -100,7 +82,7 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
-        check_gguf_file(self.path)
+        check_gguf_file(self.path, what="model")
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
 
         mparams = lc.llama_model_default_params()

@@ -102,8 +102,36 @@ class ModelDraft:
         self.model.sync_to(committed[:-1])
 
 
+DRAFT_MODES: tuple[str, ...] = ("model", "lookup", "hybrid")
+
+
+def check_draft_mode(mode: object) -> None:
+    """Raise InvalidParameterError unless `mode` is one of DRAFT_MODES."""
+    if mode not in DRAFT_MODES:
+        raise InvalidParameterError(
+            f"draft mode must be one of {', '.join(DRAFT_MODES)}; got {mode!r}"
+        )
+
+
 def make_strategy(mode: DraftMode, decoder: SpeculativeDecoder) -> DraftStrategy | None:
-    """The draft strategy for a mode; None means the target decodes alone."""
+    """The draft strategy for a mode; None means the target decodes alone.
+
+    - "model": the draft model (none loaded: the target alone);
+    - "lookup": prompt lookup over prompt + generated text, no draft model used;
+    - "hybrid": lookup when the context has a match, the draft model otherwise
+      (without a draft model it is the same as "lookup").
+
+    A decoder may carry `lookup_n_min` / `lookup_n_max` (n-gram lengths searched).
+    """
+    check_draft_mode(mode)
+    model = ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
     if mode == "model":
-        return ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
-    raise InvalidParameterError(f"draft mode must be one of model, lookup, hybrid; got {mode!r}")
+        return model
+    from .lookup import NGRAM_MAX, NGRAM_MIN, HybridDraft, LookupDraft
+
+    lookup = LookupDraft(
+        getattr(decoder, "lookup_n_min", NGRAM_MIN), getattr(decoder, "lookup_n_max", NGRAM_MAX)
+    )
+    if mode == "lookup" or model is None:
+        return lookup
+    return HybridDraft(lookup, model)

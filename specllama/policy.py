@@ -1,17 +1,56 @@
-"""How many tokens to draft each round."""
+"""How many tokens to draft each round.
+
+Three policies:
+
+- `FixedDraftLength(k)`: always k (0 = the target alone).
+- `HeuristicDraftLength`: +2 after a fully accepted draft, -1 otherwise.
+- `AutoDraftLength` (`draft_max="auto"`, the default of the CLI): cost-aware.
+  Each round it picks the k in 0..15 that maximizes the expected tokens per
+  second (DESIGN.md section 5),
+
+      rate(k) = E(k) / C(k)
+      E(k)    = 1 + sum_{j=1..k} prod_{i<=j} a_i      tokens one round emits
+      C(k)    = T_t(k+1) + k * (T_d + o_d) + o_r      seconds one round takes
+
+  where a_i is the acceptance rate at draft position i given the draft got
+  there (estimated online, with decay, per draft source; with one rate a for
+  every position E(k) = (1 - a^(k+1)) / (1 - a)), T_t(n) the measured cost of
+  one target decode of n tokens, T_d one draft step, o_r and o_d our own
+  per-round and per-draft-token overhead. k = 0 is plain target decoding, and
+  it is kept unless the best k > 0 is expected to be at least `margin` faster:
+  never meaningfully slower than the target alone. While speculation is off
+  it drafts a short probe now and then (with backoff) so the acceptance
+  estimate stays current, but only if drafting could pay at all at a high
+  acceptance rate.
+
+The pure functions (`expected_tokens`, `RoundCosts`, `decide`) hold the math;
+`AutoState` holds what survives across calls of one decoder (calibrated and
+refined costs, acceptance estimates, probe schedule); `AutoDraftLength` is the
+per-call policy the round loop talks to.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from .errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    from .calibration import CostCurve
     from .speculative import SpeculativeDecoder
 
 DraftMax = int | Literal["auto", "heuristic"]
 MAX_DRAFT = 64
+AUTO_MAX_DRAFT = 15  # auto verifies at most 16 tokens at once (the calibrated range)
+#: Default confidence cutoff: stop a draft when the draft model's most likely
+#: next token has less probability than this (see drafting.ModelDraft).
+DEFAULT_P_MIN = 0.0
+#: Speculate only when the best k is expected to beat the target alone by this much.
+DEFAULT_MARGIN = 0.05
+SOURCES = ("model", "lookup")
 
 
 @dataclass(frozen=True)
@@ -39,6 +78,9 @@ class DraftLengthPolicy(Protocol):
         ...
 
 
+# ============================================================================ simple policies
+
+
 class FixedDraftLength:
     def __init__(self, k: int) -> None:
         self.k = k
@@ -50,7 +92,7 @@ class FixedDraftLength:
         pass
 
     def describe(self) -> str:
-        return f"fixed draft length {self.k}"
+        return "target alone (draft length 0)" if self.k == 0 else f"fixed draft length {self.k}"
 
 
 class HeuristicDraftLength:
@@ -70,12 +112,377 @@ class HeuristicDraftLength:
         self.k = max(self.k_min, min(self.k_max, self.k + step))
 
     def describe(self) -> str:
-        return f"heuristic draft length in [{self.k_min}, {self.k_max}]"
+        return f"heuristic draft length in [{self.k_min}, {self.k_max}] (+2 all accepted, -1 else)"
+
+
+# ============================================================================ the math
+
+
+def expected_tokens(accept: float | Sequence[float], k: int) -> float:
+    """Expected tokens one round emits with k drafts: the accepted prefix plus the
+    correction or bonus token. `accept` is one rate for every position, or a_i
+    per position (a_i = P(accept i | 1..i-1 accepted))."""
+    if k <= 0:
+        return 1.0
+    total, run = 1.0, 1.0
+    for i in range(k):
+        a = accept if isinstance(accept, (int, float)) else accept[min(i, len(accept) - 1)]
+        run *= a
+        total += run
+    return total
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Seconds one round takes with k drafts: C(k) = T_t(k+1) + k(T_d + o_d) + o_r.
+
+    target[n - 1] is one target decode of n tokens (so target[k] verifies k drafts).
+    """
+
+    target: Sequence[float]
+    draft: float  # one draft step
+    overhead: float = 0.0  # ours, per round
+    overhead_per_draft: float = 0.0  # ours, per drafted token (sampling q, ...)
+
+    @property
+    def k_max(self) -> int:
+        return len(self.target) - 1
+
+    def round_s(self, k: int) -> float:
+        return self.target[k] + k * (self.draft + self.overhead_per_draft) + self.overhead
+
+    @classmethod
+    def from_ratios(
+        cls, t1: float, ratios: Sequence[float], draft_ratio: float, overhead: float = 0.0,
+        overhead_per_draft: float = 0.0,
+    ) -> RoundCosts:
+        """From T_t(n)/T_t(1) for n = 1.. (ratios[0] == 1) and T_d/T_t(1)."""
+        return cls(tuple(t1 * r for r in ratios), t1 * draft_ratio, overhead, overhead_per_draft)
+
+
+def expected_rate(accept: float | Sequence[float], k: int, costs: RoundCosts) -> float:
+    """Expected tokens per second with k drafts a round."""
+    return expected_tokens(accept, k) / costs.round_s(k)
+
+
+@dataclass(frozen=True)
+class Decision:
+    k: int  # the draft length to use (0 = plain target step)
+    best_k: int  # the best k >= 1 (what speculation would use)
+    speedup: float  # expected rate(best_k) / rate(0)
+
+    @property
+    def speculate(self) -> bool:
+        return self.k > 0
+
+
+def decide(
+    accept: float | Sequence[float],
+    costs: RoundCosts,
+    k_max: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> Decision:
+    """The k in 0..k_max maximizing expected tokens/s; 0 unless the best k > 0
+    beats plain decoding by at least `margin` (relative)."""
+    k_max = costs.k_max if k_max is None else min(k_max, costs.k_max)
+    base = expected_rate(accept, 0, costs)
+    best_k, best = 0, 0.0
+    rates = [accept] * k_max if isinstance(accept, (int, float)) else accept
+    run, tokens = 1.0, 1.0  # E(k) built up incrementally: O(k_max), this runs every round
+    for k in range(1, k_max + 1):
+        run *= rates[min(k - 1, len(rates) - 1)]
+        tokens += run
+        r = tokens / costs.round_s(k)
+        if r > best:
+            best_k, best = k, r
+    speedup = best / base if base > 0 else 0.0
+    chosen = best_k if best_k > 0 and speedup >= 1.0 + margin else 0
+    return Decision(chosen, best_k, speedup)
+
+
+# ============================================================================ estimates
+
+
+class AcceptanceEstimate:
+    """Acceptance per draft position, from decayed counts.
+
+    Position i is "reached" in a round when positions 1..i-1 were accepted and
+    the round meant to draft at least i tokens; it then counts as accepted or
+    not (a rejection, or a draft cut short by the confidence cutoff). The
+    overall rate is shrunk towards `prior`, and each position towards the
+    overall rate, so rarely reached positions borrow from the rest.
+    """
+
+    def __init__(
+        self,
+        prior: float = 0.6,
+        prior_weight: float = 4.0,
+        position_weight: float = 3.0,
+        decay: float = 0.97,
+        positions: int = AUTO_MAX_DRAFT,
+    ) -> None:
+        self.prior, self.prior_weight = prior, prior_weight
+        self.position_weight, self.decay = position_weight, decay
+        self.reached = [0.0] * positions
+        self.accepted = [0.0] * positions
+        self.rounds = 0
+
+    def observe(self, reached: int, accepted: int) -> None:
+        """Positions 1..reached were reached; 1..accepted of them accepted."""
+        if reached <= 0:
+            return
+        self.rounds += 1
+        d = self.decay
+        n = len(self.reached)
+        for i in range(n):
+            self.reached[i] *= d
+            self.accepted[i] *= d
+        for i in range(min(reached, n)):
+            self.reached[i] += 1.0
+            if i < accepted:
+                self.accepted[i] += 1.0
+
+    @property
+    def overall(self) -> float:
+        return (sum(self.accepted) + self.prior_weight * self.prior) / (
+            sum(self.reached) + self.prior_weight
+        )
+
+    def rates(self) -> list[float]:
+        a, w = self.overall, self.position_weight
+        return [(acc + w * a) / (r + w) for acc, r in zip(self.accepted, self.reached)]
+
+
+@dataclass
+class _SourceState:
+    acceptance: AcceptanceEstimate
+    draft_step: object  # calibration.RecentMedian: seconds of one draft step
+    probe_every: int
+    since_probe: int = 0
+
+
+class AutoState:
+    """What the auto policy keeps across calls of one decoder: costs (calibrated,
+    then refined by every round), acceptance per source, the probe schedule."""
+
+    PROBE_FIRST, PROBE_MAX = 8, 64
+
+    def __init__(
+        self,
+        target_curve: CostCurve,
+        draft_step_s: float = 0.0,
+        *,
+        priors: dict[str, float] | None = None,
+        calibration: dict | None = None,
+    ) -> None:
+        from .calibration import OnlineCurve, RecentMedian
+
+        priors = {"model": 0.6, "lookup": 0.5, **(priors or {})}
+        self.target = OnlineCurve(target_curve)
+        self.k_max = max(0, min(AUTO_MAX_DRAFT, target_curve.max_n - 1))
+        self.sources = {
+            src: _SourceState(
+                AcceptanceEstimate(prior=priors[src], positions=max(1, self.k_max)),
+                RecentMedian(draft_step_s if src == "model" else 0.0),
+                self.PROBE_FIRST,
+            )
+            for src in SOURCES
+        }
+        self.overhead_round = RecentMedian(0.0)
+        self.overhead_draft = RecentMedian(0.0)
+        self.calibration = calibration or {}
+        self._target_snapshot: tuple[float, ...] | None = None
+
+    @classmethod
+    def for_decoder(cls, decoder: SpeculativeDecoder) -> AutoState:
+        """The decoder's state, created (and its models calibrated) on first use."""
+        state = getattr(decoder, "_auto_state", None)
+        if state is None:
+            state = cls.calibrated(decoder)
+            decoder._auto_state = state  # type: ignore[attr-defined]
+        return state
+
+    @classmethod
+    def calibrated(cls, decoder: SpeculativeDecoder) -> AutoState:
+        from .calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
+
+        target = calibrate(decoder.target, TARGET_MAX_N)
+        info = {"target": target.to_dict()}
+        draft_step = 0.0
+        if decoder.draft is not None:
+            draft = calibrate(decoder.draft, DRAFT_MAX_N)
+            info["draft"] = draft.to_dict()
+            draft_step = draft.curve.t(1)
+        return cls(target.curve, draft_step, calibration=info)
+
+    def source(self, name: str) -> _SourceState:
+        return self.sources[name if name in self.sources else "model"]
+
+    def costs(self, source: str) -> RoundCosts:
+        if self._target_snapshot is None:
+            self._target_snapshot = tuple(self.target.snapshot(self.k_max + 1))
+        return RoundCosts(
+            self._target_snapshot,
+            self.source(source).draft_step.value,  # type: ignore[attr-defined]
+            max(0.0, self.overhead_round.value),
+            max(0.0, self.overhead_draft.value),
+        )
+
+    def observe_target(self, n: int, seconds: float) -> None:
+        self.target.observe(n, seconds)
+        self._target_snapshot = None
+
+
+# ============================================================================ auto
+
+
+@dataclass
+class _Tally:
+    rounds: int = 0
+    drafted: int = 0  # rounds where this policy chose k > 0 (probes included)
+    k_sum: int = 0
+    probes: int = 0
+    speedup_sum: float = 0.0  # expected speedup, summed over drafting rounds
+    last: Decision | None = None
+    optimistic: Decision | None = None
+
+
+@dataclass
+class AutoDraftLength:
+    """The cost-aware policy of one generation call (see the module docstring)."""
+
+    state: AutoState
+    margin: float = DEFAULT_MARGIN
+    probe_k: int = 2
+    optimistic_alpha: float = 0.9  # probe only if drafting would pay at this acceptance
+    cutoff: bool = False  # the draft model may stop short (p_min > 0): count it as a miss
+    _chosen: dict[str, int] = field(default_factory=dict)
+    _tally: dict[str, _Tally] = field(default_factory=dict)
+    _t_mark: float | None = None
+    _in_sync: str | None = None  # source of the last round's draft ("" none; None: first round)
+
+    @classmethod
+    def for_decoder(cls, decoder: SpeculativeDecoder, **kwargs) -> AutoDraftLength:
+        kwargs.setdefault("cutoff", getattr(decoder, "p_min", 0.0) > 0.0)
+        return cls(AutoState.for_decoder(decoder), **kwargs)
+
+    # ------------------------------------------------------------------ choose
+    def choose(self, source: str = "model") -> int:
+        if self._t_mark is None:
+            self._t_mark = time.perf_counter()
+        st = self.state
+        src = st.source(source)
+        tally = self._tally.setdefault(source, _Tally())
+        costs = st.costs(source)
+        decision = decide(src.acceptance.rates(), costs, st.k_max, self.margin)
+        k = decision.k
+        tally.rounds += 1
+        tally.last = decision
+        if k > 0:
+            src.probe_every = AutoState.PROBE_FIRST
+            src.since_probe = 0
+            tally.speedup_sum += decision.speedup
+        else:
+            src.since_probe += 1
+            if src.since_probe >= src.probe_every:
+                hopeful = decide(self.optimistic_alpha, costs, st.k_max, self.margin)
+                tally.optimistic = hopeful
+                if hopeful.speculate:
+                    k = max(1, min(self.probe_k, hopeful.best_k))
+                    tally.probes += 1
+                    src.since_probe = 0
+                    src.probe_every = min(AutoState.PROBE_MAX, 2 * src.probe_every)
+        if k > 0:
+            tally.drafted += 1
+            tally.k_sum += k
+        self._chosen[source] = k
+        return k
+
+    # ----------------------------------------------------------------- observe
+    def observe(self, outcome: RoundOutcome) -> None:
+        now = time.perf_counter()
+        st = self.state
+        # The source that drafted: the outcome's, or (nothing drafted) the one that
+        # was asked for a draft and stopped at once under the confidence cutoff.
+        source = outcome.source
+        if outcome.k == 0:
+            source = next((s for s, k in self._chosen.items() if k > 0), source)
+        chosen = self._chosen.get(source, 0)
+        src = st.source(source)
+
+        st.observe_target(outcome.k + 1, outcome.target_s)
+        if outcome.draft_s > 0.0 and self._in_sync in (None, source):
+            # Only when the draft model was in step: after rounds without it, its
+            # first decode catches up on several tokens, which a probe pays but
+            # steady drafting does not.
+            src.draft_step.add(outcome.draft_s / max(1, outcome.k))  # type: ignore[attr-defined]
+        self._in_sync = source if chosen > 0 else ""
+        if self._t_mark is not None:
+            ours = (now - self._t_mark) - outcome.target_s - outcome.draft_s
+            if outcome.k == 0:
+                st.overhead_round.add(ours)
+            else:
+                st.overhead_draft.add((ours - st.overhead_round.value) / outcome.k)
+        self._t_mark = now
+
+        if chosen > 0:
+            m, k = outcome.accepted, outcome.k
+            if m < k:
+                reached = m + 1  # rejected at m + 1
+            elif k < chosen and self.cutoff:
+                reached = k + 1  # the cutoff stopped the draft at k + 1
+            else:
+                reached = k
+            src.acceptance.observe(reached, m)
+        self._chosen.clear()
+
+    # ---------------------------------------------------------------- describe
+    def describe(self) -> str:
+        if not self._tally:
+            return "auto: nothing to draft with (target alone)"
+        parts = [self._describe_source(s, t) for s, t in self._tally.items()]
+        return "auto: " + " | ".join(parts)
+
+    def _describe_source(self, source: str, tally: _Tally) -> str:
+        st = self.state
+        src = st.source(source)
+        alpha = src.acceptance.overall
+        d = tally.last
+        assert d is not None
+        k = d.best_k or 1
+        costs = st.costs(source)
+        t1 = costs.target[0]
+        verify = f"verifying {k + 1} tokens costs {costs.target[k] / t1:.1f}x one token here"
+        if source == "model":
+            verify += f" and a draft step {costs.draft / t1:.2f}x"
+        label = "" if source == "model" else f"{source}: "
+        real = tally.drafted - tally.probes
+        if real == 0:
+            msg = (f"{label}speculation paused: {verify}; at {alpha:.0%} acceptance drafting "
+                   f"{k} would run at {d.speedup:.2f}x the target alone")
+            if tally.probes:
+                msg += f" (probed {tally.probes}x)"
+            elif tally.optimistic is not None and not tally.optimistic.speculate:
+                msg += (f"; even at {self.optimistic_alpha:.0%} acceptance it would not pay,"
+                        " so no probes")
+            return msg
+        mean_k = tally.k_sum / tally.drafted
+        expected = tally.speedup_sum / real
+        share = real / tally.rounds
+        when = "" if share >= 0.95 else f" in {share:.0%} of rounds (paused in the rest)"
+        return (f"{label}drafted{when}, k {mean_k:.1f} on average, acceptance {alpha:.0%}: "
+                f"expected {expected:.2f}x the target alone ({verify})")
+
+
+# ============================================================================ factory
 
 
 def make_policy(draft_max: DraftMax, decoder: SpeculativeDecoder) -> DraftLengthPolicy:
-    """The policy for a `draft_max` setting: an int is a fixed k (0 = target alone)."""
-    if draft_max in ("auto", "heuristic"):
+    """The policy for a `draft_max` setting: an int is a fixed k (0 = target alone),
+    "auto" the cost-aware policy, "heuristic" +2/-1."""
+    if draft_max == "auto":
+        return AutoDraftLength.for_decoder(decoder)
+    if draft_max == "heuristic":
         return HeuristicDraftLength()
     if (
         not isinstance(draft_max, int)
@@ -83,6 +490,7 @@ def make_policy(draft_max: DraftMax, decoder: SpeculativeDecoder) -> DraftLength
         or not 0 <= draft_max <= MAX_DRAFT
     ):
         raise InvalidParameterError(
-            f"draft_max must be 'auto' or an integer in [0, {MAX_DRAFT}], got {draft_max!r}"
+            f"draft_max must be 'auto', 'heuristic' or an integer in [0, {MAX_DRAFT}], "
+            f"got {draft_max!r}"
         )
     return FixedDraftLength(draft_max)

@@ -329,3 +329,17 @@ def resolve_pair(
         return target, None
     draft = resolve_source(pair.draft, pair=pair, n_threads=n_threads, progress=progress)
     return target, draft
+
+
+def source_status(pair: Pair) -> str:
+    """'ready', or what is missing, without loading or deriving anything."""
+    try:
+        target = resolve_source(pair.target, pair=pair)
+        if pair.draft.kind == "derive":
+            if not derived_path(target, pair.draft.quant or "").exists():
+                return "ready (the draft is derived on first use)"
+        elif pair.draft.kind != "lookup":
+            resolve_source(pair.draft, pair=pair)
+    except (ModelLoadError, DraftDerivationError) as exc:
+        return f"missing: {exc}"
+    return "ready"

@@ -17,7 +17,7 @@ import numpy as np
 
 from .backend import Model
 from .compat import check_compatible
-from .drafting import Draft, DraftMode, make_strategy
+from .drafting import Draft, DraftMode, check_draft_mode, make_strategy
 from .errors import ContextOverflowError, InvalidParameterError
 from .events import (
     DraftProposed,
@@ -48,12 +48,23 @@ class GenerationResult:
 class SpeculativeDecoder:
     """A target model, optionally a draft model, and the exact speculative loop."""
 
-    def __init__(self, target: Model, draft: Model | None = None, *, p_min: float = 0.0) -> None:
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None = None,
+        *,
+        p_min: float = 0.0,
+        draft_mode: DraftMode = "model",
+    ) -> None:
+        check_draft_mode(draft_mode)
         if draft is not None:
             check_compatible(target, draft)
         self.target = target
         self.draft = draft
         self.p_min = p_min
+        # What stream()/generate() use when not told: "lookup" for a decoder
+        # loaded with draft="lookup" (no draft model), else "model".
+        self.default_draft_mode: DraftMode = draft_mode
         self.last_result: GenerationResult | None = None
 
     @classmethod
@@ -65,12 +76,24 @@ class SpeculativeDecoder:
         n_ctx: int = 2048,
         n_threads: int | None = None,
         p_min: float = 0.0,
+        draft_mode: DraftMode | None = None,
     ) -> SpeculativeDecoder:
+        """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
+        (the target alone). draft_mode: the default mode of generate()/stream();
+        None means "lookup" for draft="lookup", else "model"."""
+        if draft_mode is not None:
+            check_draft_mode(draft_mode)
         target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads)
         draft_model = None
-        if draft is not None and str(draft) != "lookup":
+        is_lookup = draft is not None and str(draft) == "lookup"
+        if draft is not None and not is_lookup:
             draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
-        return cls(target_model, draft_model, p_min=p_min)
+        return cls(
+            target_model,
+            draft_model,
+            p_min=p_min,
+            draft_mode=draft_mode or ("lookup" if is_lookup else "model"),
+        )
 
     def close(self) -> None:
         self.target.close()
@@ -113,18 +136,21 @@ class SpeculativeDecoder:
         draft_max: DraftMax = 4,
         stop: Sequence[str] = (),
         keep_cache: bool = False,
-        draft_mode: DraftMode = "model",
+        draft_mode: DraftMode | None = None,
     ) -> Iterator[Event]:
         """Generate, yielding events as tokens are decided.
 
         keep_cache=True reuses whatever prefix of `prompt` the caches already
-        hold (the chat REPL); otherwise every call starts clean.
+        hold (the chat REPL); otherwise every call starts clean. draft_mode:
+        "model", "lookup" or "hybrid" (see drafting.make_strategy); None means
+        `self.default_draft_mode`.
         """
         params = sampling or SamplingParams()
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
             raise InvalidParameterError(f"max_tokens must be an integer > 0, got {max_tokens!r}")
         policy = make_policy(draft_max, self)
-        strategy = make_strategy(draft_mode, self)
+        mode = draft_mode or self.default_draft_mode
+        strategy = make_strategy(mode, self)
         committed = self.tokenize(prompt)
         if not committed:
             raise InvalidParameterError("the prompt is empty")
@@ -140,10 +166,11 @@ class SpeculativeDecoder:
         if not keep_cache:
             self.reset()
 
-        # Prompt: everything but the last token goes into both caches now.
+        # Prompt: everything but the last token goes into both caches now (into
+        # the target's only in lookup mode, which never reads the draft model).
         t0 = time.perf_counter()
         reused = []
-        for m in models:
+        for m in models if mode != "lookup" else [self.target]:
             kept = m.sync_to(committed[:-1])
             reused.append(kept)
             m.decode(committed[kept:-1], "none")

@@ -13,8 +13,10 @@ class Stats:
     target_steps: int = 0  # target verification passes, plain steps included
     drafted: int = 0
     accepted: int = 0
-    # drafted_at[i] / accepted_at[i]: drafts proposed / accepted at draft position i+1
+    # At draft position i+1: drafts proposed, reached (every earlier draft accepted),
+    # and accepted. accepted_at / reached_at is the conditional acceptance rate there.
     drafted_at: list[int] = field(default_factory=list)
+    reached_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # k -> rounds that used it
     prompt_s: float = 0.0  # wall time evaluating the prompt
@@ -29,13 +31,19 @@ class Stats:
         self.drafted += k
         self.accepted += m
         self.tokens += emitted
-        while len(self.drafted_at) < k:
-            self.drafted_at.append(0)
-            self.accepted_at.append(0)
+        self._grow(k)
         for i in range(k):
             self.drafted_at[i] += 1
+            if i <= m:
+                self.reached_at[i] += 1
             if i < m:
                 self.accepted_at[i] += 1
+
+    def _grow(self, k: int) -> None:
+        while len(self.drafted_at) < k:
+            self.drafted_at.append(0)
+            self.reached_at.append(0)
+            self.accepted_at.append(0)
 
     @property
     def acceptance_rate(self) -> float:
@@ -60,7 +68,8 @@ class Stats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        """P(draft i accepted | drafts 1..i-1 accepted): the per-position alpha."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached_at)]
 
     @property
     def mean_draft_length(self) -> float:
@@ -87,11 +96,10 @@ class Stats:
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
                      "accepted", "prompt_s", "generate_s", "draft_s", "target_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
-            while len(self.drafted_at) <= i:
-                self.drafted_at.append(0)
-                self.accepted_at.append(0)
+        self._grow(len(other.drafted_at))
+        for i, (d, r, a) in enumerate(zip(other.drafted_at, other.reached_at, other.accepted_at)):
             self.drafted_at[i] += d
+            self.reached_at[i] += r
             self.accepted_at[i] += a
         for k, n in other.draft_lengths.items():
             self.draft_lengths[k] = self.draft_lengths.get(k, 0) + n

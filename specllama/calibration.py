@@ -1,0 +1,381 @@
+"""What a decode costs on this machine: measured once, cached, refined online.
+
+The cost-aware draft-length policy (policy.py, DESIGN.md section 5) needs T(n),
+the wall time of ONE llama_decode of n tokens with the logits of every row, for
+the target (n = 1..16: verifying k drafts is a decode of k+1 tokens) and T(1)
+for the draft model (one draft step). `calibrate(model)` measures that in well
+under a second for a small model and caches it on disk, keyed by the model
+file (path, size, mtime), the thread count, the machine and the llama.cpp
+version, so a changed file, another `--threads` or another machine measures
+anew. `OnlineCurve` then follows the real decode timings of each round, so a
+machine that gets busier (or a cache that warms up) moves the estimate.
+
+Measuring never disturbs the caller: the timed tokens go after whatever the KV
+cache holds and are cut off again, and the model's counters are restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import Model
+
+#: Bump when what is measured (or how) changes: old cache files are then ignored.
+CALIBRATION_VERSION = 1
+TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
+DRAFT_MAX_N = 2  # a draft step is 1 token; 2 after a fully accepted round
+#: Batch sizes timed; the others are interpolated.
+MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 pass)
+MIN_PASSES, MAX_PASSES = 3, 9
+WARMUP_TEXT = (
+    "The committee reviewed the proposal in detail, asked for two changes to the budget, "
+    "and agreed to meet again next week. def add(a, b):\n    return a + b\n"
+)
+
+
+# ----------------------------------------------------------------------------- the curve
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """seconds[n - 1]: one decode of n tokens. Beyond the end: linear extrapolation."""
+
+    seconds: tuple[float, ...]
+    measured: tuple[int, ...] = ()  # the n that were timed (the rest interpolated)
+
+    def __post_init__(self) -> None:
+        if not self.seconds or any(not (s > 0 and math.isfinite(s)) for s in self.seconds):
+            raise ValueError(f"a cost curve needs positive finite seconds, got {self.seconds!r}")
+
+    @property
+    def max_n(self) -> int:
+        return len(self.seconds)
+
+    def t(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        s = self.seconds
+        if n <= len(s):
+            return s[n - 1]
+        slope = max(0.0, s[-1] - s[-2]) if len(s) >= 2 else s[-1]
+        return s[-1] + slope * (n - len(s))
+
+    def ratio(self, n: int) -> float:
+        """T(n) / T(1): how much more a batch of n costs than one token."""
+        return self.t(n) / self.seconds[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": list(self.seconds), "measured": list(self.measured)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CostCurve:
+        return cls(tuple(float(x) for x in data["seconds"]),
+                   tuple(int(n) for n in data.get("measured", ())))
+
+    @classmethod
+    def from_points(cls, points: dict[int, float], max_n: int) -> CostCurve:
+        """Fill 1..max_n from timed points by linear interpolation (extrapolation at the end)."""
+        ns = sorted(points)
+        out = []
+        for n in range(1, max_n + 1):
+            if n in points:
+                out.append(points[n])
+                continue
+            lo = max((m for m in ns if m < n), default=None)
+            hi = min((m for m in ns if m > n), default=None)
+            if lo is not None and hi is not None:
+                w = (n - lo) / (hi - lo)
+                out.append(points[lo] * (1 - w) + points[hi] * w)
+            elif lo is not None:
+                prev = max((m for m in ns if m < lo), default=None)
+                slope = (points[lo] - points[prev]) / (lo - prev) if prev is not None else 0.0
+                out.append(points[lo] + max(0.0, slope) * (n - lo))
+            else:
+                out.append(points[hi])
+        return cls(tuple(out), tuple(ns))
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _filler_tokens(model: Model, n: int) -> list[int]:
+    toks = model.tokenize(WARMUP_TEXT, add_bos=False, special=False) or [model.eos, model.bos]
+    toks = [t for t in toks if t >= 0] or [0]
+    return [toks[i % len(toks)] for i in range(n)]
+
+
+@contextlib.contextmanager
+def _preserved(model: Model):
+    """Restore the model's KV cache length and its counters afterwards."""
+    base = len(model.cached)
+    saved = (model.decode_s, model.decode_calls, model.tokens_evaluated)
+    try:
+        yield base
+    finally:
+        model.truncate(base)
+        model.decode_s, model.decode_calls, model.tokens_evaluated = saved
+
+
+def measure_curve(
+    model: Model,
+    max_n: int = TARGET_MAX_N,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    min_passes: int = MIN_PASSES,
+    max_passes: int = MAX_PASSES,
+) -> CostCurve:
+    """Time one decode of n tokens (logits of every row) for the points in
+    MEASURE_POINTS up to max_n, in interleaved passes; medians per point.
+
+    At least one pass is always made; passes repeat up to `min_passes` and then
+    while the next one fits in `budget_s` (a slow model gets fewer passes)."""
+    max_n = max(1, min(max_n, model.n_batch))
+    with _preserved(model) as base:
+        context = 16 if base == 0 else 0  # time the decode at a realistic small position
+        room = model.n_ctx - base - context
+        if room < 2:  # a full cache: measure on an empty one (then the caller's is gone)
+            model.clear()
+            base, context, room = 0, 16, model.n_ctx - 16
+        max_n = max(1, min(max_n, room - 1))
+        points = sorted({n for n in MEASURE_POINTS if n <= max_n} | {max_n})
+        tokens = _filler_tokens(model, context + max_n)
+        if context:
+            model.decode(tokens[:context], "none")
+        start = base + context
+        probe = tokens[context:]
+
+        def timed(n: int) -> float:
+            t0 = time.perf_counter()
+            model.decode(probe[:n], "all" if n > 1 else "last")
+            dt = time.perf_counter() - t0
+            model.truncate(start)
+            return dt
+
+        timed(max_n)  # warm up: first touch of the weights, compute buffers
+        timed(1)
+        samples: dict[int, list[float]] = {n: [] for n in points}
+        t_begin = time.perf_counter()
+        passes = 0
+        while passes < max_passes:
+            order = points if passes % 2 == 0 else points[::-1]
+            t_pass = time.perf_counter()
+            for n in order:
+                samples[n].append(timed(n))
+            samples[1].append(timed(1))  # the normalizer gets twice the samples
+            passes += 1
+            now = time.perf_counter()
+            if passes >= min_passes and (now - t_begin) + (now - t_pass) > budget_s:
+                break
+            if (now - t_begin) + (now - t_pass) > 3 * budget_s:
+                break  # a slow model: what we have beats making the user wait
+    medians = {n: statistics.median(v) for n, v in samples.items()}
+    # llama.cpp has a floor; perf_counter can read 0 for an empty tiny model only.
+    medians = {n: max(v, 1e-7) for n, v in medians.items()}
+    return CostCurve.from_points(medians, max_n)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def cache_root() -> Path:
+    from .sources import cache_dir
+
+    return cache_dir() / "calibration"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_id() -> str:
+    """Host name, CPU model and core count: a new machine measures anew."""
+    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()}|{platform.machine()}"
+
+
+def _llama_version() -> str:
+    try:
+        import llama_cpp
+
+        return str(getattr(llama_cpp, "__version__", "?"))
+    except ImportError:  # pragma: no cover
+        return "?"
+
+
+def cache_key(model_path: str | os.PathLike[str], n_threads: int) -> dict[str, Any]:
+    """What a cached calibration is valid for."""
+    path = Path(model_path).resolve()
+    st = path.stat()
+    return {
+        "version": CALIBRATION_VERSION,
+        "path": str(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "n_threads": int(n_threads),
+        "machine": machine_id(),
+        "llama_cpp": _llama_version(),
+    }
+
+
+def cache_path(model_path: str | os.PathLike[str], n_threads: int) -> Path:
+    """One file per (model path, threads, machine); its content says for which
+    size/mtime it holds, so a changed model file overwrites it."""
+    path = Path(model_path).resolve()
+    ident = json.dumps([str(path), int(n_threads), machine_id()])
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return cache_root() / f"{path.stem}.t{int(n_threads)}.{digest}.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    curve: CostCurve
+    key: dict[str, Any] = field(default_factory=dict)
+    from_cache: bool = False
+    measure_s: float = 0.0  # seconds spent measuring now (0 when cached)
+    path: Path | None = None  # the cache file (None when it could not be written)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"curve": self.curve.to_dict(), "key": self.key, "from_cache": self.from_cache,
+                "measure_s": self.measure_s, "path": str(self.path) if self.path else None}
+
+
+def _read(path: Path, key: dict[str, Any], max_n: int) -> CostCurve | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        curve = CostCurve.from_dict(data["curve"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return curve if curve.max_n >= max_n else None
+
+
+def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> bool:
+    """Atomic write; False (silently) where the cache dir is not writable."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "curve": curve.to_dict(),
+                                   "created": time.time()}, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
+
+
+def calibrate(
+    model: Model,
+    max_n: int = TARGET_MAX_N,
+    *,
+    use_cache: bool = True,
+    budget_s: float = DEFAULT_BUDGET_S,
+) -> Calibration:
+    """The cost curve of `model` up to max_n tokens: from the cache when it is
+    still valid, else measured now (and cached)."""
+    max_n = max(1, min(max_n, model.n_batch))
+    key = cache_key(model.path, model.n_threads)
+    path = cache_path(model.path, model.n_threads)
+    if use_cache:
+        curve = _read(path, key, max_n)
+        if curve is not None:
+            return Calibration(curve, key, True, 0.0, path)
+    t0 = time.perf_counter()
+    curve = measure_curve(model, max_n, budget_s=budget_s)
+    spent = time.perf_counter() - t0
+    written = use_cache and curve.max_n >= max_n and _write(path, key, curve)
+    return Calibration(curve, key, False, spent, path if written else None)
+
+
+# ----------------------------------------------------------------------------- online
+
+
+class OnlineCurve:
+    """A calibrated curve that follows observed decode times.
+
+    Estimate: T(n) = base(n) · exp(g + r[n]). g, a machine-wide factor (the
+    machine got busier, the cache grew), is the median of the last observations'
+    log-ratios, so one stray slow decode moves nothing; r[n] is a slow
+    per-size correction learnt only from decodes of that size.
+    """
+
+    WINDOW = 15
+    RATE = 0.1  # per-size correction learning rate
+    CLIP = 1.5  # |log ratio| larger than this (4.5x) is clipped
+
+    def __init__(self, base: CostCurve) -> None:
+        self.base = base
+        self.g = 0.0
+        self.r: dict[int, float] = {}
+        self._recent: deque[float] = deque(maxlen=self.WINDOW)
+        self.observations = 0
+
+    def t(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        return self.base.t(n) * math.exp(self.g + self.r.get(n, 0.0))
+
+    def ratio(self, n: int) -> float:
+        return self.t(n) / self.t(1)
+
+    def observe(self, n: int, seconds: float) -> None:
+        if n <= 0 or not (seconds > 0 and math.isfinite(seconds)):
+            return
+        self.observations += 1
+        x = math.log(seconds / self.base.t(n))
+        rn = self.r.get(n, 0.0)
+        self._recent.append(max(-self.CLIP, min(self.CLIP, x - rn)))
+        self.g = statistics.median(self._recent)
+        e = max(-self.CLIP, min(self.CLIP, x - self.g - rn))
+        self.r[n] = rn + self.RATE * e
+
+    def snapshot(self, max_n: int) -> list[float]:
+        return [self.t(n) for n in range(1, max_n + 1)]
+
+
+class RecentMedian:
+    """Median of the last few values, with a fallback until there are enough."""
+
+    def __init__(self, initial: float, window: int = 15, min_count: int = 3) -> None:
+        self.initial = initial
+        self.min_count = min_count
+        self.values: deque[float] = deque(maxlen=window)
+        self._cached: float | None = None
+
+    def add(self, value: float) -> None:
+        if math.isfinite(value):
+            self.values.append(value)
+            self._cached = None
+
+    @property
+    def value(self) -> float:
+        if len(self.values) < self.min_count:
+            return self.initial
+        if self._cached is None:
+            self._cached = statistics.median(self.values)
+        return self._cached
+
+
+def curve_summary(curve: CostCurve | OnlineCurve, ns: Sequence[int] = (2, 4, 5, 8, 16)) -> str:
+    """'T(1) 8.2 ms; 2: 1.8x, 4: 2.6x ...' for messages and the bench."""
+    parts = [f"{n}: {curve.ratio(n):.1f}x" for n in ns]
+    return f"T(1) {curve.t(1) * 1000:.1f} ms; " + ", ".join(parts)

@@ -1,0 +1,212 @@
+"""Prompt lookup: drafts copied from the context itself, with no draft model.
+
+When the output repeats the input (rewriting code, quoting a document,
+answering from retrieved text), the best guess for what follows the last few
+tokens is what followed them the last time they appeared. `NgramIndex` keeps,
+for every n in [n_min, n_max], a dict from each n-gram of the context to the
+position right after its latest occurrence; looking up the last n tokens
+(longest n first) is then a handful of dict probes, and each committed token
+adds n_max - n_min + 1 entries: the index never rescans the context.
+
+Exactness: a lookup draft is a deterministic function of the committed tokens,
+so its proposal distribution q puts all mass on the proposed token
+(`Draft.qs[i] is None`); the acceptance rule then accepts d with probability
+p(d) and resamples a rejection from p with d removed, which is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .drafting import ChooseK, Draft, DraftStrategy
+from .errors import InvalidParameterError
+from .sampling import SamplingParams
+
+#: Default n-gram lengths searched, longest first. A 1-gram "match" is almost
+#: always spurious, so the shortest match that drafts is 2 tokens long.
+NGRAM_MIN = 2
+NGRAM_MAX = 6
+
+
+class NgramIndex:
+    """Latest-occurrence n-gram index over a growing token sequence.
+
+    `tables[n - n_min]` maps an n-gram (a tuple of ids) to the position c of the
+    token that followed its latest occurrence, i.e. `tokens[c - n:c]` is that
+    n-gram and `tokens[c]` exists. The n-gram at the very end of the sequence
+    has no follower yet, so it is registered only when the next token arrives:
+    a lookup of the current suffix therefore finds an *earlier* occurrence.
+    """
+
+    def __init__(self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX) -> None:
+        if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
+            raise InvalidParameterError(
+                f"lookup n-gram lengths must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}"
+            )
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_min, n_max + 1)]
+        self.insertions = 0  # n-gram entries written, ever (tests check the index is incremental)
+        self.rebuilds = 0  # times the sequence changed under the index and it started over
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def clear(self) -> None:
+        self.tokens = []
+        for table in self.tables:
+            table.clear()
+
+    def extend(self, new: Sequence[int]) -> None:
+        """Append tokens; only the n-grams they complete are indexed."""
+        if not new:
+            return
+        start = len(self.tokens)
+        self.tokens.extend(int(t) for t in new)
+        self._index(start, len(self.tokens))
+
+    def _index(self, start: int, end: int) -> None:
+        """Register every n-gram whose follower position c lies in [start, end)."""
+        toks = self.tokens
+        for n, table in zip(range(self.n_min, self.n_max + 1), self.tables):
+            first = max(start, n)  # followers c >= n: the n-gram tokens[c-n:c] fits
+            if first >= end:
+                continue
+            # zip of n shifted slices = the n-grams starting at c - n, in order; later
+            # (more recent) occurrences overwrite earlier ones in the dict.
+            grams = zip(*(toks[first - n + j : end - n + j] for j in range(n)))
+            table.update(zip(grams, range(first, end)))
+            self.insertions += end - first
+
+    def sync(self, committed: Sequence[int]) -> None:
+        """Make the index cover exactly `committed`.
+
+        The round loop only ever appends to its committed list, so the common
+        case checks a short tail and indexes the new tokens. If the sequence
+        changed under the index (a reused strategy, a shorter list), the index
+        starts over from `committed`; that is O(len) once, never per round.
+        """
+        L = len(self.tokens)
+        if len(committed) >= L:
+            tail = max(0, L - 8)
+            if list(committed[tail:L]) == self.tokens[tail:]:
+                self.extend(committed[L:])
+                return
+        self.rebuilds += 1
+        self.clear()
+        self.extend(committed)
+
+    def match(self) -> tuple[int, int] | None:
+        """(position after the latest earlier occurrence of the longest matching
+        suffix, its length n), or None when no suffix of n_min..n_max tokens
+        occurred before."""
+        toks = self.tokens
+        L = len(toks)
+        for n in range(min(self.n_max, L), self.n_min - 1, -1):
+            c = self.tables[n - self.n_min].get(tuple(toks[L - n :]))
+            if c is not None:
+                return c, n
+        return None
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the longest matching suffix last time.
+
+        The continuation may run into the current suffix itself (a repeating
+        pattern of period L - c); it then keeps repeating that period, which is
+        what the matched text predicts, so the proposal always has k tokens.
+        """
+        if k <= 0:
+            return []
+        found = self.match()
+        if found is None:
+            return []
+        c, _ = found
+        toks = self.tokens
+        L = len(toks)
+        out = toks[c : min(c + k, L)]
+        period = L - c
+        while len(out) < k:  # only when c + k > L: out holds one period, repeat it
+            out.append(out[len(out) - period])
+        return out
+
+
+class LookupDraft:
+    """The prompt-lookup draft strategy: drafts from `NgramIndex`, q = None."""
+
+    source = "lookup"
+
+    def __init__(self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX) -> None:
+        self.index = NgramIndex(n_min, n_max)
+
+    def find(self, committed: Sequence[int], k: int) -> list[int]:
+        """The lookup continuation of `committed` (at most k tokens; [] without a match)."""
+        self.index.sync(committed)
+        return self.index.propose(k)
+
+    def has_match(self, committed: Sequence[int]) -> bool:
+        self.index.sync(committed)
+        return self.index.match() is not None
+
+    def propose(
+        self,
+        committed: list[int],
+        choose_k: ChooseK,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Draft:
+        if not self.has_match(committed):
+            return Draft()
+        tokens = self.find(committed, choose_k("lookup"))
+        return Draft(tokens, [None] * len(tokens), "lookup") if tokens else Draft()
+
+    def settle(self, committed: list[int]) -> None:
+        self.index.sync(committed)
+
+
+class HybridDraft:
+    """Lookup when the context has a match, the draft model otherwise.
+
+    Each round: if the last tokens occurred before and the policy allows a
+    lookup draft now (`choose_k("lookup") > 0`), propose the lookup
+    continuation; else ask the model strategy (which asks `choose_k("model")`).
+    The policy sees the source of every round, so it learns what each source is
+    worth on this machine and this text and can turn either off (k = 0).
+
+    The draft model's cache: `ModelDraft.propose` syncs it to `committed`
+    itself, so rounds without a model draft leave it as it was, a prefix of
+    committed[:-1] that catches up (one batch) the next time it drafts.
+    """
+
+    def __init__(self, lookup: LookupDraft, model: DraftStrategy | None) -> None:
+        self.lookup = lookup
+        self.model = model
+        self._model_drafted = False  # did the model draft in the round now settling?
+
+    def propose(
+        self,
+        committed: list[int],
+        choose_k: ChooseK,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Draft:
+        self._model_drafted = False
+        if self.lookup.has_match(committed):
+            k = choose_k("lookup")
+            if k > 0:
+                tokens = self.lookup.find(committed, k)
+                if tokens:
+                    return Draft(tokens, [None] * len(tokens), "lookup")
+        if self.model is None:
+            return Draft()
+        self._model_drafted = True
+        return self.model.propose(committed, choose_k, params, rng)
+
+    def settle(self, committed: list[int]) -> None:
+        self.lookup.settle(committed)
+        if self._model_drafted and self.model is not None:
+            # Only a round in which the model drafted can leave its cache beyond
+            # committed[:-1]; otherwise it already is a prefix of it.
+            self.model.settle(committed)
+        self._model_drafted = False

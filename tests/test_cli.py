@@ -1,0 +1,263 @@
+"""`specllama generate` and `specllama pairs` as a user runs them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specllama.cli import cli
+
+
+@pytest.fixture
+def run():
+    def invoke(*args, input=None, env=None):
+        return CliRunner().invoke(cli, [str(a) for a in args], input=input, env=env)
+
+    return invoke
+
+
+@pytest.fixture
+def tiny(tiny_target, tiny_draft):
+    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", "1", "--n-ctx", "256"]
+
+
+@pytest.fixture
+def config(tmp_path, tiny_target, tiny_draft):
+    path = tmp_path / "models.toml"
+    path.write_text(
+        f"""
+default = "tiny"
+[pairs.tiny]
+description = "two tiny random models"
+target = "{tiny_target}"
+draft = "{tiny_draft}"
+[pairs.tiny.defaults]
+n_ctx = 256
+threads = 1
+temperature = 0.0
+max_tokens = 7
+"""
+    )
+    return path
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("specllama: error: ")
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert result.stdout == ""
+
+
+def test_generate_prints_text_to_stdout_and_stats_to_stderr(run, tiny):
+    result = run("generate", "Hello world", *tiny, "--raw", "--max-tokens", 8,
+                 "--temperature", 0, "--draft-max", 3)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith("\n") and len(result.stdout.strip()) > 0
+    assert "target steps" in result.stderr and "accepted" in result.stderr
+    assert "\x1b[" not in result.stdout  # not a terminal: no colours
+
+
+def test_generate_json(run, tiny):
+    result = run("generate", "Hello world", *tiny, "--raw", "--json", "--max-tokens", 6,
+                 "--seed", 4, "--temperature", 0.9, "--draft-max", 2, "--stop", "zz")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"text", "tokens", "prompt_tokens", "finish_reason", "stats", "settings"}
+    assert len(data["tokens"]) <= 6
+    assert data["settings"]["temperature"] == 0.9
+    assert data["settings"]["seed"] == 4
+    assert data["settings"]["draft_max"] == 2
+    assert data["settings"]["stop"] == ["zz"]
+    for key in ("target_steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step",
+                "tokens_per_s", "draft_s", "target_s", "overhead_s", "acceptance_by_position"):
+        assert key in data["stats"]
+    assert result.stderr == ""
+
+
+def test_same_seed_same_text(run, tiny):
+    args = ("generate", "Hello world", *tiny, "--raw", "--json", "--max-tokens", 12,
+            "--seed", 9, "--temperature", 1.0)
+    assert json.loads(run(*args).stdout)["text"] == json.loads(run(*args).stdout)["text"]
+
+
+def test_greedy_speculative_equals_target_alone(run, tiny):
+    def text(k):
+        r = run("generate", "the cat sat on the", *tiny, "--raw", "--json", "--max-tokens", 30,
+                "--temperature", 0, "--draft-max", k)
+        return json.loads(r.stdout)["tokens"]
+
+    assert text(4) == text(0)
+
+
+def test_prompt_from_stdin(run, tiny):
+    a = run("generate", *tiny, "--raw", "--json", "--temperature", 0, "--max-tokens", 5,
+            input="Hello world")
+    b = run("generate", "-", *tiny, "--raw", "--json", "--temperature", 0, "--max-tokens", 5,
+            input="Hello world")
+    c = run("generate", "Hello world", *tiny, "--raw", "--json", "--temperature", 0,
+            "--max-tokens", 5)
+    assert a.exit_code == b.exit_code == c.exit_code == 0
+    assert json.loads(a.stdout)["tokens"] == json.loads(b.stdout)["tokens"] == json.loads(
+        c.stdout
+    )["tokens"]
+
+
+def test_chat_template_wraps_the_prompt_by_default(run, tiny):
+    chat = json.loads(run("generate", "hi", *tiny, "--json", "--max-tokens", 2).stdout)
+    raw = json.loads(run("generate", "hi", *tiny, "--raw", "--json", "--max-tokens", 2).stdout)
+    assert chat["prompt_tokens"] > raw["prompt_tokens"] + 4
+
+
+def test_pair_from_config_with_its_defaults(run, config):
+    result = run("generate", "Hello world", "--config", config, "--raw", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["settings"]["pair"] == "tiny"
+    assert data["settings"]["temperature"] == 0.0
+    assert len(data["tokens"]) <= 7
+    flag_wins = json.loads(run("generate", "Hello world", "--config", config, "--raw", "--json",
+                               "--max-tokens", 3).stdout)
+    assert flag_wins["settings"]["max_tokens"] == 3
+
+
+def test_pairs_list_and_show(run, config):
+    listed = run("pairs", "list", "--config", config)
+    assert listed.exit_code == 0, listed.output
+    assert "tiny" in listed.stdout and "ready" in listed.stdout
+    shown = run("pairs", "show", "tiny", "--config", config)
+    assert shown.exit_code == 0
+    assert "two tiny random models" in shown.stdout
+    assert "max_tokens=7" in shown.stdout
+
+
+def test_generate_env_config(run, config):
+    result = run("generate", "Hello", "--raw", "--json", env={"SPECLLAMA_CONFIG": str(config)})
+    assert result.exit_code == 0, result.output
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_missing_model_file(run, tmp_path, tiny_draft):
+    missing = tmp_path / "nope.gguf"
+    result = run("generate", "hi", "--target", missing, "--draft", tiny_draft)
+    assert_one_line_error(result, "file not found", str(missing))
+
+
+def test_directory_as_model(run, tmp_path, tiny_draft):
+    result = run("generate", "hi", "--target", tmp_path, "--draft", tiny_draft)
+    assert_one_line_error(result, "is a directory")
+
+
+def test_not_a_gguf_file(run, tmp_path, tiny_draft):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"<html>not a model</html>")
+    assert_one_line_error(run("generate", "hi", "--target", bogus, "--draft", tiny_draft),
+                          "not a GGUF file")
+
+
+def test_empty_model_file(run, tmp_path, tiny_draft):
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    assert_one_line_error(run("generate", "hi", "--target", empty, "--draft", tiny_draft),
+                          "is empty")
+
+
+def test_truncated_gguf_file(run, tmp_path, tiny_target, tiny_draft):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_target.read_bytes()[:5000])
+    assert_one_line_error(run("generate", "hi", "--target", cut, "--draft", tiny_draft),
+                          "could not load")
+
+
+def test_incompatible_pair(run, tiny_target, tiny_other_vocab):
+    result = run("generate", "hi", "--target", tiny_target, "--draft", tiny_other_vocab)
+    assert_one_line_error(result, "cannot draft for", tiny_target.name, tiny_other_vocab.name)
+
+
+def test_target_without_draft(run, tiny_target):
+    assert_one_line_error(run("generate", "hi", "--target", tiny_target), "--target needs --draft")
+
+
+def test_unknown_pair(run, config):
+    result = run("generate", "hi", "--config", config, "--pair", "tinyy")
+    assert_one_line_error(result, "tinyy", "tiny")
+
+
+def test_invalid_toml(run, tmp_path):
+    bad = tmp_path / "models.toml"
+    bad.write_text("default = \n")
+    assert_one_line_error(run("generate", "hi", "--config", bad), "invalid TOML", "line 1")
+
+
+@pytest.mark.parametrize(
+    "flag, value, fragment",
+    [
+        ("--temperature", "-1", "--temperature"),
+        ("--top-p", "1.5", "--top-p"),
+        ("--top-p", "0", "--top-p"),
+        ("--top-k", "-1", "--top-k"),
+        ("--min-p", "2", "--min-p"),
+        ("--max-tokens", "0", "--max-tokens"),
+        ("--draft-max", "-1", "--draft-max"),
+        ("--draft-max", "1000", "--draft-max"),
+        ("--draft-max", "lots", "--draft-max"),
+        ("--temperature", "warm", "--temperature"),
+    ],
+)
+def test_out_of_range_settings(run, tiny, flag, value, fragment):
+    assert_one_line_error(run("generate", "hi", *tiny, flag, value), fragment)
+
+
+def test_prompt_longer_than_the_context(run, tiny):
+    result = run("generate", "hello " * 600, *tiny, "--raw")
+    assert_one_line_error(result, "the prompt is", "context window")
+
+
+def test_empty_prompt(run, tiny):
+    assert_one_line_error(run("generate", "   ", *tiny), "the prompt is empty")
+    assert_one_line_error(run("generate", *tiny, input=""), "the prompt is empty")
+
+
+def test_invalid_utf8_on_stdin(run, tiny):
+    assert_one_line_error(run("generate", *tiny, input=b"caf\xe9 \xff"), "not valid UTF-8")
+
+
+# ---------------------------------------------------------------- interruption
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_keeps_printed_text_prints_stats_and_exits_130(tiny_target, tiny_draft, sig):
+    cmd = [sys.executable, "-c", "from specllama.cli import main; main()", "generate",
+           "--target", str(tiny_target), "--draft", str(tiny_draft), "--raw", "--threads", "1",
+           "--n-ctx", "4096", "--max-tokens", "4000", "--temperature", "1.0", "Hello world"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # wait until text streams, then interrupt mid-generation
+    first = proc.stdout.read(1)
+    assert first
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+    assert b"finish: interrupted" in err
+    assert b"target steps" in err
+    assert len(first + out) > 0
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("specllama")
+    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert "generate" in result.stdout and "pairs" in result.stdout
