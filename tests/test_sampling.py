@@ -94,7 +94,7 @@ def test_probabilities_temperature():
     z = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
     expected = softmax(z.astype(np.float64) / 0.5)
     actual = probabilities(z, SamplingParams(temperature=0.5))
-    np.testing.assert_allclose(actual, expected, rtol=1e-9)
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)
 
 
 def test_probabilities_greedy_is_one_hot_on_first_max():
@@ -107,16 +107,16 @@ def test_probabilities_top_k():
     p = probabilities(z, SamplingParams(temperature=1.0, top_k=2))
     expected = np.zeros(4)
     expected[[1, 2]] = softmax(np.array([3.0, 2.0]))
-    np.testing.assert_allclose(p, expected, rtol=1e-9)
+    np.testing.assert_allclose(p, expected, rtol=1e-6)
 
 
 def test_probabilities_top_p_keeps_smallest_set_reaching_mass():
     base = np.array([0.5, 0.3, 0.15, 0.05])
     z = np.log(base)
     p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.8))
-    np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-9)
+    np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-6)
     p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.81))
-    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-9)
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-6)
 
 
 def test_top_p_partial_sort_equals_full_sort_on_a_big_vocabulary():
@@ -124,19 +124,19 @@ def test_top_p_partial_sort_equals_full_sort_on_a_big_vocabulary():
     z = rng.normal(size=50000) * 3
     for top_p in (0.1, 0.5, 0.9, 0.99, 0.999999):
         fast = probabilities(z, SamplingParams(temperature=1.0, top_p=top_p))
-        full = softmax(z)
+        full = softmax(z.astype(np.float32).astype(np.float64))
         order = np.argsort(-full)
         n = int(np.searchsorted(np.cumsum(full[order]), top_p)) + 1
         ref = np.zeros_like(full)
         ref[order[:n]] = full[order[:n]]
         ref /= ref.sum()
-        np.testing.assert_allclose(fast, ref, rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(fast, ref, rtol=1e-5, atol=1e-12)
 
 
 def test_probabilities_min_p():
     base = np.array([0.5, 0.3, 0.15, 0.05])
     p = probabilities(np.log(base), SamplingParams(temperature=1.0, min_p=0.25))
-    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-9)
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-6)
 
 
 def test_sample_empirical():
@@ -162,3 +162,26 @@ def test_out_of_range_settings_are_rejected(kwargs, message):
     with pytest.raises(InvalidParameterError) as err:
         SamplingParams(**kwargs)
     assert str(err.value) == message
+
+
+def test_sample_on_a_large_vocabulary_follows_the_distribution():
+    """The two-level draw used for real vocabularies is the same inverse CDF."""
+    rng = np.random.default_rng(7)
+    probs = np.zeros(50_001)
+    support = rng.choice(50_001, size=12, replace=False)
+    probs[support] = rng.dirichlet(np.ones(12))
+    n = 30_000
+    draws = np.bincount([sample(probs, rng) for _ in range(n)], minlength=probs.shape[0])
+    assert set(np.flatnonzero(draws)) <= set(support)
+    chi2 = np.sum((draws[support] - n * probs[support]) ** 2 / (n * probs[support]))
+    assert chi2 < 32.9  # 11 degrees of freedom, p = 0.0005
+
+
+def test_sample_never_returns_a_zero_probability_token_at_the_edges():
+    rng = np.random.default_rng(0)
+    probs = np.zeros(1024)
+    probs[[0, 1023]] = 0.5
+    assert {sample(probs, rng) for _ in range(200)} == {0, 1023}
+    probs = np.zeros(3000)
+    probs[256] = 1.0  # the only mass at the first index of a block
+    assert {sample(probs, rng) for _ in range(50)} == {256}

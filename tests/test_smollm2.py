@@ -1,0 +1,77 @@
+"""The real SmolLM2-135M-Instruct with a self-draft derived from it (slow: seconds each)."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specllama import SamplingParams, SpeculativeDecoder
+from specllama.backend import Model
+from specllama.cli import cli
+from specllama.config import find_and_load_config
+from specllama.sources import resolve_pair
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "List three colours of the rainbow.",
+]
+
+
+@pytest.fixture(scope="module")
+def pair_paths(smollm2_path):
+    return resolve_pair(find_and_load_config().pair("smollm2"))
+
+
+@pytest.fixture(scope="module")
+def dec(pair_paths):
+    target, draft = pair_paths
+    d = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    yield d
+    d.close()
+
+
+def chat_tokens(dec, question):
+    return dec.target.tokenize_chat(dec.target.format_chat([{"role": "user", "content": question}]))
+
+
+def test_greedy_identity_on_the_real_model(dec, pair_paths):
+    probe = Model(pair_paths[0], n_ctx=1024, n_threads=2)
+    for question in QUESTIONS:
+        prompt = chat_tokens(dec, question)
+        base = dec.generate(prompt, max_tokens=48, sampling=SamplingParams(0.0), draft_max=0)
+        for k in (2, 5):
+            spec = dec.generate(prompt, max_tokens=48, sampling=SamplingParams(0.0), draft_max=k)
+            if spec.tokens != base.tokens:
+                j = next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)
+                probe.clear()
+                probe.decode(prompt + base.tokens[:j], "last")
+                top = np.sort(probe.logits_row(-1))[-2:]
+                assert top[1] - top[0] < 1e-4, f"{question!r} k={k} diverged at {j}"
+    probe.close()
+
+
+def test_self_draft_acceptance_is_sane(dec):
+    prompt = chat_tokens(dec, "Explain how a bicycle works.")
+    greedy = dec.generate(prompt, max_tokens=128, sampling=SamplingParams(0.0), draft_max=4)
+    assert greedy.stats.acceptance_rate > 0.5
+    sampled = dec.generate(prompt, max_tokens=128, sampling=SamplingParams(0.8, seed=1),
+                           draft_max=4)
+    # Q4_0 of the same weights: per-position alpha ~0.75 (measured), far from 0 or 1
+    assert 0.5 < sampled.stats.acceptance_by_position[0] < 0.98
+    assert "Paris" in dec.generate(chat_tokens(dec, QUESTIONS[0]), max_tokens=24,
+                                   sampling=SamplingParams(0.0), draft_max=4).text
+
+
+def test_default_pair_through_the_cli(smollm2_path):
+    result = CliRunner().invoke(
+        cli, ["generate", "What is the capital of France?", "--json", "--temperature", "0",
+              "--max-tokens", "24"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["settings"]["pair"] == "smollm2"
+    assert "Paris" in data["text"]
