@@ -204,6 +204,61 @@ def pairs_show(name: str, config_path: str | None) -> None:
         click.echo("defaults:    " + ", ".join(f"{k}={v}" for k, v in defaults.items()))
 
 
+@pairs.command("check")
+@click.argument("names", nargs=-1)
+@click.option("--config", "config_path", metavar="FILE", help="models.toml to use.")
+@click.option("--max-tokens", default=48, show_default=True, help="Tokens per test generation.")
+@click.option("--threads", type=int, help="CPU threads (default: all cores).")
+def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int,
+                threads: int | None) -> None:
+    """Load each pair (or NAMES), check the vocabularies match, and time a short
+    generation with and without the draft: the command to run when something seems off."""
+    import time
+
+    from .config import find_and_load_config
+    from .sampling import SamplingParams
+    from .sources import resolve_pair
+    from .speculative import SpeculativeDecoder
+
+    err = stderr_console()
+    config = find_and_load_config(config_path)
+    failed = 0
+    for name in names or tuple(config.names):
+        pair = config.pair(name)
+        try:
+            t0 = time.perf_counter()
+            target, draft = resolve_pair(pair, n_threads=threads,
+                                         progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+            dec = SpeculativeDecoder.load(target, draft if draft else "lookup",
+                                          n_ctx=1024, n_threads=threads)
+            load_s = time.perf_counter() - t0
+        except SpecLlamaError as exc:
+            failed += 1
+            click.echo(f"{name}: FAILED: {exc}")
+            continue
+        prompt = "Explain in a few sentences why the sky is blue."
+        tokens = (dec.target.tokenize_chat(dec.target.format_chat(
+            [{"role": "user", "content": prompt}]))
+            if dec.target.chat_template() else dec.tokenize(prompt))
+        greedy = SamplingParams(temperature=0.0)
+        mode = "model" if dec.draft is not None else "lookup"
+        alone = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=0)
+        spec = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=4,
+                            draft_mode=mode)
+        same = "identical" if spec.tokens == alone.tokens else "DIFFERENT"
+        base = alone.stats.tokens_per_s
+        ratio = spec.stats.tokens_per_s / base if base else 0.0
+        click.echo(
+            f"{name}: ok: vocabularies match; loaded in {load_s:.1f} s; greedy output {same} "
+            f"to the target alone; acceptance {spec.stats.acceptance_rate:.0%} at k=4, "
+            f"{spec.stats.tokens_per_step:.2f} tokens/step; {spec.stats.tokens_per_s:.1f} tok/s "
+            f"vs {alone.stats.tokens_per_s:.1f} alone ({ratio:.2f}x)"
+        )
+        dec.close()
+    if failed:
+        sys.exit(1)
+
+
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -212,3 +267,7 @@ def main() -> None:
     # SIGTERM takes the same clean path as Ctrl-C: caches consistent, no partial files.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     cli()
+
+from .chat import chat_command  # noqa: E402
+
+cli.add_command(chat_command)

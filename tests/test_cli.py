@@ -140,6 +140,44 @@ def test_pairs_list_and_show(run, config):
     assert "max_tokens=7" in shown.stdout
 
 
+def test_pairs_check(run, config, tmp_path, tiny_target, tiny_other_vocab):
+    result = run("pairs", "check", "--config", config, "--max-tokens", 8, "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert "tiny: ok: vocabularies match" in result.stdout
+    assert "greedy output identical" in result.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[pairs.mismatch]\ntarget = "{tiny_target}"\ndraft = "{tiny_other_vocab}"\n')
+    result = run("pairs", "check", "--config", bad)
+    assert result.exit_code == 1
+    assert result.stdout.startswith("mismatch: FAILED: draft ")
+
+
+def test_unwritable_cache_dir_when_deriving_a_draft(run, tmp_path, tiny_target):
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[pairs.d]\ntarget = "{tiny_target}"\n'
+                   'draft = { derive = "target", quant = "Q8_0" }\n')
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = run("generate", "hi", "--config", cfg, env={"SPECLLAMA_CACHE_DIR": str(blocker)})
+    assert_one_line_error(result, "cannot write to the draft cache", "SPECLLAMA_CACHE_DIR")
+
+
+def test_derived_draft_through_the_cli(run, tmp_path, tiny_target):
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[pairs.d]\ntarget = "{tiny_target}"\n'
+                   'draft = { derive = "target", quant = "Q8_0" }\n')
+    env = {"SPECLLAMA_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("generate", "hi", "--config", cfg, "--raw", "--json", "--max-tokens", 5,
+            "--threads", 1, "--draft-max", 3)
+    first = run(*args, env=env)
+    assert first.exit_code == 0, first.output
+    derived = list((tmp_path / "cache" / "derived").glob("*.Q8_0.*.gguf"))
+    assert len(derived) == 1
+    mtime = derived[0].stat().st_mtime_ns
+    assert run(*args, env=env).exit_code == 0
+    assert derived[0].stat().st_mtime_ns == mtime  # reused, not derived again
+
+
 def test_generate_env_config(run, config):
     result = run("generate", "Hello", "--raw", "--json", env={"SPECLLAMA_CONFIG": str(config)})
     assert result.exit_code == 0, result.output
