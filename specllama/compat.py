@@ -7,6 +7,9 @@ from .errors import IncompatiblePairError
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_COMPARED_TOKEN = 5  # ids below are special tokens that families renumber freely
+# llama.cpp's enum llama_vocab_type
+VOCAB_TYPES = {0: "none", 1: "SentencePiece", 2: "BPE", 3: "WordPiece", 4: "Unigram",
+               5: "RWKV", 6: "PLaMo-2"}
 
 
 def check_compatible(target: Model, draft: Model) -> None:
@@ -19,7 +22,8 @@ def check_compatible(target: Model, draft: Model) -> None:
         )
 
     if target.vocab_type != draft.vocab_type:
-        fail(f"tokenizer types differ ({target.vocab_type} vs {draft.vocab_type})")
+        names = [VOCAB_TYPES.get(v, str(v)) for v in (target.vocab_type, draft.vocab_type)]
+        fail(f"tokenizer types differ ({names[0]} vs {names[1]})")
     if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
         fail(f"vocabulary sizes differ ({target.n_vocab} vs {draft.n_vocab} tokens)")
     if target.bos != draft.bos:

