@@ -301,10 +301,13 @@ class Model:
         already holds (also repairs a cache left mid-update by an interrupt).
         Returns the number of tokens kept."""
         limit = min(len(self.cached), len(tokens), self.pos_max() + 1)
-        keep = 0
         cached = self.cached
-        while keep < limit and cached[keep] == tokens[keep]:
-            keep += 1
+        if cached[:limit] == list(tokens[:limit]):  # the usual case, at C speed
+            keep = limit
+        else:
+            keep = 0
+            while cached[keep] == tokens[keep]:
+                keep += 1
         self.truncate(keep)
         return keep
 
