@@ -18,6 +18,10 @@ default settings::
     target = "~/models/qwen2.5-7b-instruct-q4_k_m.gguf"   # relative to this file; ~ expands
     draft  = "~/models/qwen2.5-0.5b-instruct-q8_0.gguf"
 
+    [pairs.llama8b]      # from Hugging Face (downloaded into its cache on first use)
+    target = "hf://bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/*Q4_K_M.gguf"   # a glob
+    draft  = { hf = "bartowski/Llama-3.2-1B-Instruct-GGUF", file = "*Q4_K_M.gguf" }
+
 Every problem becomes a one-line :class:`ConfigError` naming the file and the key::
 
     models.toml: pairs.qwen7b.defaults.top_p: must be in (0, 1], got 1.5
@@ -55,6 +59,8 @@ __all__ = [
     "CONFIG_FILENAME",
     "DERIVE_QUANTS",
     "DRAFT_MAX_LIMIT",
+    "HF_DEFAULT_REVISION",
+    "HF_SCHEME",
     "LOOKUP",
     "SETTING_NAMES",
     "Config",
@@ -62,6 +68,8 @@ __all__ = [
     "Pair",
     "PairDefaults",
     "config_search_path",
+    "hf_file_problem",
+    "hf_repo_problem",
     "find_and_load_config",
     "find_config",
     "load_config",
@@ -81,12 +89,49 @@ DRAFT_MAX_LIMIT = 64
 #: The draft source string meaning "no draft model: prompt-lookup drafting".
 LOOKUP = "lookup"
 
-SourceKind = Literal["path", "package", "derive", "lookup"]
-_SOURCE_KINDS = ("path", "package", "derive", "lookup")
+#: The prefix of a Hugging Face model source string: ``hf://OWNER/REPO/FILE.gguf``.
+HF_SCHEME = "hf://"
+#: The revision (branch, tag or commit) of an ``hf`` source that names none.
+HF_DEFAULT_REVISION = "main"
+
+SourceKind = Literal["path", "package", "derive", "lookup", "hf"]
+_SOURCE_KINDS = ("path", "package", "derive", "lookup", "hf")
 
 _PACKAGE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PAIR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# One half of a Hugging Face repo id (as huggingface_hub's validate_repo_id allows).
+_HF_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
+_GLOB_CHARS = frozenset("*?[")
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_HF_URL_RE = re.compile(
+    r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/]+/[^/]+)"
+    r"/(?:blob|resolve)/(?P<rev>[^/]+)/(?P<file>[^?#]+)"
+)
+
+
+def hf_repo_problem(repo: str) -> str | None:
+    """Why ``repo`` is not a Hugging Face model repo id ``OWNER/REPO`` (None if it is)."""
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(_HF_NAME_RE.match(p) for p in parts):
+        return "must be \"OWNER/REPO\" (letters, digits, '-', '_' and '.')"
+    if "--" in repo or ".." in repo:
+        return "must not contain '--' or '..'"
+    return None
+
+
+def hf_file_problem(file: str) -> str | None:
+    """Why ``file`` is not a GGUF file name (or glob) inside a repo (None if it is)."""
+    parts = file.split("/")
+    if not file.strip() or "\\" in file or any(p in ("", ".", "..") for p in parts):
+        return "must be a file name (or glob) inside the repository"
+    if not file.lower().endswith(".gguf"):
+        return 'must end in .gguf (a file name, or a glob like "*q4_k_m*.gguf")'
+    return None
+
+
+def _is_glob(file: str) -> bool:
+    return any(c in _GLOB_CHARS for c in file)
 
 
 # --------------------------------------------------------------------------- dataclasses
@@ -101,6 +146,8 @@ class ModelSource:
     - ``package``: ``package`` (importable name) and ``file`` (relative to its directory)
     - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`); requantized from the target
     - ``lookup``: nothing (prompt-lookup drafting, no draft model)
+    - ``hf``: ``repo`` (``OWNER/REPO`` on Hugging Face), ``file`` (a ``.gguf`` name in
+      it, or a glob such as ``*q4_k_m*.gguf``) and ``revision`` (default ``"main"``)
     """
 
     kind: SourceKind
@@ -108,13 +155,18 @@ class ModelSource:
     package: str | None = None
     file: str | None = None
     quant: str | None = None
+    repo: str | None = None
+    revision: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kind == "hf" and self.revision is None:
+            object.__setattr__(self, "revision", HF_DEFAULT_REVISION)
         expected = {
             "path": {"path"},
             "package": {"package", "file"},
             "derive": {"quant"},
             "lookup": set(),
+            "hf": {"repo", "file", "revision"},
         }.get(self.kind)
         if expected is None:
             raise ValueError(f"unknown source kind {self.kind!r}; expected one of {_SOURCE_KINDS}")
@@ -125,6 +177,14 @@ class ModelSource:
             )
         if self.kind == "derive" and self.quant not in DERIVE_QUANTS:
             raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
+        if self.kind == "hf":
+            assert self.repo is not None and self.file is not None
+            problem = hf_repo_problem(self.repo)
+            if problem is not None:
+                raise ValueError(f"Hugging Face repository {problem}, got {self.repo!r}")
+            problem = hf_file_problem(self.file)
+            if problem is not None:
+                raise ValueError(f"Hugging Face file {problem}, got {self.file!r}")
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> ModelSource:
@@ -142,10 +202,45 @@ class ModelSource:
     def lookup(cls) -> ModelSource:
         return cls(kind="lookup")
 
+    @classmethod
+    def from_hf(cls, repo: str, file: str, revision: str = HF_DEFAULT_REVISION) -> ModelSource:
+        return cls(kind="hf", repo=repo, file=file, revision=revision)
+
+    @classmethod
+    def from_hf_url(cls, url: str) -> ModelSource:
+        """``"hf://OWNER/REPO/FILE.gguf"`` (or a glob) -> an ``hf`` source.
+
+        Raises ``ValueError`` when malformed (models.toml gets friendlier messages).
+        """
+        if not url.startswith(HF_SCHEME):
+            raise ValueError(f"expected {HF_SCHEME}OWNER/REPO/FILE.gguf, got {url!r}")
+        parts = url[len(HF_SCHEME) :].split("/", 2)
+        if len(parts) < 3 or not all(parts):
+            raise ValueError(
+                f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
+                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {url!r}'
+            )
+        return cls.from_hf(f"{parts[0]}/{parts[1]}", parts[2])
+
+    @property
+    def is_glob(self) -> bool:
+        """True for an ``hf`` source whose ``file`` is a glob pattern."""
+        return self.kind == "hf" and self.file is not None and _is_glob(self.file)
+
+    @property
+    def hf_url(self) -> str:
+        """``hf://OWNER/REPO/FILE`` of an ``hf`` source (its revision not included)."""
+        if self.kind != "hf":
+            raise ValueError(f"a {self.kind!r} source has no hf:// URL")
+        return f"{HF_SCHEME}{self.repo}/{self.file}"
+
     def describe(self) -> str:
         """A short human description, e.g. for ``specllama pairs``."""
         if self.kind == "path":
             return str(self.path)
+        if self.kind == "hf":
+            at = f" (revision {self.revision})" if self.revision != HF_DEFAULT_REVISION else ""
+            return self.hf_url + at
         if self.kind == "package":
             return f"{self.file} (from Python package {self.package})"
         if self.kind == "derive":
@@ -464,9 +559,85 @@ class _Loader:
             expanded = self.base_dir / expanded
         return Path(os.path.normpath(expanded))
 
+    def _hf_string(self, raw: str, where: str) -> ModelSource:
+        """``"hf://OWNER/REPO/FILE.gguf"`` (FILE may be a glob or contain '/')."""
+        parts = raw[len(HF_SCHEME) :].split("/", 2)
+        if len(parts) < 3 or not all(parts):
+            self.fail(
+                where,
+                f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
+                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {_show(raw)}',
+            )
+        repo, file = f"{parts[0]}/{parts[1]}", parts[2]
+        problem = hf_repo_problem(repo)
+        if problem is not None:
+            hint = (
+                ' (a revision goes in the table form: { hf = "OWNER/REPO", file = "...", '
+                'revision = "..." })'
+                if "@" in repo
+                else ""
+            )
+            self.fail(where, f"Hugging Face repository {problem}, got {_show(repo)}{hint}")
+        problem = hf_file_problem(file)
+        if problem is not None:
+            self.fail(where, f"Hugging Face file {problem}, got {_show(file)}")
+        return ModelSource.from_hf(repo, file)
+
+    def _not_a_url(self, raw: str, where: str) -> NoReturn:
+        match = _HF_URL_RE.match(raw)
+        hint = ""
+        if match:
+            repo, rev, file = match["repo"], match["rev"], match["file"]
+            if rev == HF_DEFAULT_REVISION:
+                hint = f' (did you mean "{HF_SCHEME}{repo}/{file}"?)'
+            else:
+                hint = f' (did you mean {{ hf = "{repo}", file = "{file}", revision = "{rev}" }}?)'
+        self.fail(
+            where,
+            f'must be a local path or "{HF_SCHEME}OWNER/REPO/FILE.gguf", '
+            f"got the URL {_show(raw)}{hint}",
+        )
+
+    def _hf_table(self, raw: dict[str, Any], parts: tuple[str, ...]) -> ModelSource:
+        repo, file = raw["hf"], raw["file"]
+        revision = raw.get("revision", HF_DEFAULT_REVISION)
+        hkey, fkey, rkey = (_key(*parts, k) for k in ("hf", "file", "revision"))
+        if not isinstance(repo, str):
+            self.fail(hkey, f'must be a "OWNER/REPO" string, {_got(repo)}')
+        if repo.startswith(HF_SCHEME):
+            self.fail(hkey, f'must be "OWNER/REPO" without {HF_SCHEME}, got {_show(repo)}')
+        problem = hf_repo_problem(repo)
+        if problem is not None:
+            pieces = repo.split("/")
+            hint = ""
+            if len(pieces) > 2 and hf_repo_problem("/".join(pieces[:2])) is None:
+                hint = (
+                    f' (did you mean hf = "{"/".join(pieces[:2])}", '
+                    f'file = "{"/".join(pieces[2:])}"?)'
+                )
+            self.fail(hkey, f"{problem}, got {_show(repo)}{hint}")
+        if not isinstance(file, str):
+            self.fail(fkey, f"must be a string, {_got(file)}")
+        problem = hf_file_problem(file)
+        if problem is not None:
+            self.fail(fkey, f"{problem}, got {_show(file)}")
+        if not isinstance(revision, str):
+            self.fail(rkey, f"must be a branch, tag or commit (a string), {_got(revision)}")
+        if (
+            not revision.strip()
+            or any(c.isspace() for c in revision)
+            or ".." in revision
+            or revision.startswith("/")
+        ):
+            self.fail(rkey, f"must be a branch, tag or commit, got {_show(revision)}")
+        return ModelSource.from_hf(repo, file, revision)
+
     def source(self, raw: Any, parts: tuple[str, ...], *, role: str) -> ModelSource:
         where = _key(*parts)
-        forms = 'a path string, { path = "..." }, { package = "...", file = "..." }'
+        forms = (
+            f'a path string, "{HF_SCHEME}OWNER/REPO/FILE.gguf", {{ path = "..." }}, '
+            '{ package = "...", file = "..." }, { hf = "OWNER/REPO", file = "..." }'
+        )
         if role == "draft":
             forms += ', { derive = "target", quant = "Q4_0" } or "lookup"'
 
@@ -475,6 +646,16 @@ class _Loader:
                 if role != "draft":
                     self.fail(where, '"lookup" (prompt-lookup drafting) is only valid for draft')
                 return ModelSource.lookup()
+            if raw.startswith(HF_SCHEME):
+                return self._hf_string(raw, where)
+            if raw.lower().startswith("hf:"):
+                self.fail(
+                    where,
+                    f'a Hugging Face source is written "{HF_SCHEME}OWNER/REPO/FILE.gguf", '
+                    f"got {_show(raw)}",
+                )
+            if _URL_RE.match(raw):
+                self._not_a_url(raw, where)
             return ModelSource(kind="path", path=self._path(raw, where))
 
         if not isinstance(raw, dict):
@@ -484,23 +665,31 @@ class _Loader:
             allowed: tuple[str, ...] = ("derive", "quant")
         elif "package" in raw:
             allowed = ("package", "file")
+        elif "hf" in raw:
+            allowed = ("hf", "file", "revision")
         elif "path" in raw:
             allowed = ("path",)
         else:
             got = f"a table with keys: {', '.join(raw)}" if raw else "an empty table"
             self.fail(where, f"expected {forms}; got {got}")
+        article = "an" if allowed[0] == "hf" else "a"
         for key in raw:
             if key not in allowed:
                 self.fail(
                     _key(*parts, key),
-                    f"unknown key for a {allowed[0]} source (expected: {', '.join(allowed)})",
+                    f"unknown key for {article} {allowed[0]} source "
+                    f"(expected: {', '.join(allowed)})",
                 )
+        optional = ("revision",) if allowed[0] == "hf" else ()
         for key in allowed:
-            if key not in raw:
+            if key not in raw and key not in optional:
                 self.fail(_key(*parts, key), "required but missing")
 
         if allowed[0] == "path":
             return ModelSource(kind="path", path=self._path(raw["path"], _key(*parts, "path")))
+
+        if allowed[0] == "hf":
+            return self._hf_table(raw, parts)
 
         if allowed[0] == "package":
             package, file = raw["package"], raw["file"]

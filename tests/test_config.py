@@ -334,7 +334,10 @@ def test_boundary_values_are_accepted(tmp_path):
     assert load_config(write(tmp_path / "models.toml", text)).pair("qwen7b").defaults.draft_max == 0
 
 
-SOURCES_TARGET = '{ path = "..." }, { package = "...", file = "..." }'
+SOURCES_TARGET = (
+    '"hf://OWNER/REPO/FILE.gguf", { path = "..." }, { package = "...", file = "..." }, '
+    '{ hf = "OWNER/REPO", file = "..." }'
+)
 SOURCES_DRAFT = SOURCES_TARGET + ', { derive = "target", quant = "Q4_0" } or "lookup"'
 
 STRUCTURE_ERRORS = [
