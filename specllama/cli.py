@@ -217,7 +217,7 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
 
     from .config import find_and_load_config
     from .sampling import SamplingParams
-    from .sources import resolve_pair
+    from .sources import pending_downloads, resolve_pair
     from .speculative import SpeculativeDecoder
 
     err = stderr_console()
@@ -225,6 +225,12 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
     failed = 0
     for name in names or tuple(config.names):
         pair = config.pair(name)
+        pending = pending_downloads(pair)
+        if pending and not names:
+            # Checking everything must not start gigabytes of downloads unasked.
+            click.echo(f"{name}: skipped: needs a download ({'; '.join(pending)}); "
+                       f"run `specllama pairs check {name}` to fetch and check it")
+            continue
         try:
             t0 = time.perf_counter()
             target, draft = resolve_pair(pair, n_threads=threads,
