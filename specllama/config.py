@@ -383,12 +383,12 @@ def _int_at_least(minimum: int) -> Callable[[Any], tuple[Any, str | None]]:
 
 
 def _check_draft_max(value: Any) -> tuple[Any, str | None]:
-    if value == "auto":
+    if value in ("auto", "heuristic"):
         return value, None
     if not _is_int(value):
-        return value, f'must be an integer or "auto", {_got(value)}'
+        return value, f'must be an integer, "auto" or "heuristic", {_got(value)}'
     if not 0 <= value <= DRAFT_MAX_LIMIT:
-        return value, f'must be in [0, {DRAFT_MAX_LIMIT}] or "auto", got {value}'
+        return value, f'must be in [0, {DRAFT_MAX_LIMIT}], "auto" or "heuristic", got {value}'
     return value, None
 
 

@@ -84,10 +84,21 @@ def test_generate_json(run, tiny):
     assert result.stderr == ""
 
 
-def test_same_seed_same_text(run, tiny):
+def test_same_seed_same_text_with_a_fixed_draft_length(run, tiny):
+    # With --draft-max auto the draft lengths follow measured timings, so sampled text
+    # may differ between runs (the distribution does not); a fixed length reproduces.
     args = ("generate", "Hello world", *tiny, "--raw", "--json", "--max-tokens", 12,
-            "--seed", 9, "--temperature", 1.0)
+            "--seed", 9, "--temperature", 1.0, "--draft-max", 3)
     assert json.loads(run(*args).stdout)["text"] == json.loads(run(*args).stdout)["text"]
+
+
+def test_greedy_output_is_the_same_under_auto(run, tiny):
+    def tokens(k):
+        r = run("generate", "the cat sat on the", *tiny, "--raw", "--json", "--max-tokens", 24,
+                "--temperature", 0, "--draft-max", k)
+        return json.loads(r.stdout)["tokens"]
+
+    assert tokens("auto") == tokens(0) == tokens("heuristic")
 
 
 def test_greedy_speculative_equals_target_alone(run, tiny):
