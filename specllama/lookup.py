@@ -8,6 +8,12 @@ position right after its latest occurrence; looking up the last n tokens
 (longest n first) is then a handful of dict probes, and each committed token
 adds n_max - n_min + 1 entries: the index never rescans the context.
 
+How much to trust a match grows with its length: `LookupDraft` drafts at most
+n - n_min + 1 tokens after a match of n tokens (one token after the shortest
+match; a match at n_max is extended backwards token by token to measure it).
+On a CPU, where verifying k+1 tokens costs several single steps, this keeps
+spurious short matches (common words) cheap and lets real copying run long.
+
 Exactness: a lookup draft is a deterministic function of the committed tokens,
 so its proposal distribution q puts all mass on the proposed token
 (`Draft.qs[i] is None`); the acceptance rule then accepts d with probability
@@ -24,30 +30,40 @@ from .drafting import ChooseK, Draft, DraftStrategy
 from .errors import InvalidParameterError
 from .sampling import SamplingParams
 
-#: Default n-gram lengths searched, longest first. A 1-gram "match" is almost
-#: always spurious, so the shortest match that drafts is 2 tokens long.
-NGRAM_MIN = 2
-NGRAM_MAX = 6
+#: Default n-gram lengths searched, longest first. Matches of one or two tokens
+#: are mostly common words and punctuation, whose continuation is a guess that
+#: costs a verification; the shortest match that drafts is 3 tokens long.
+NGRAM_MIN = 3
+NGRAM_MAX = 8
+#: A match found at n_max is measured further back, up to this many tokens.
+MATCH_MAX = 64
 
 
 class NgramIndex:
     """Latest-occurrence n-gram index over a growing token sequence.
 
-    `tables[n - n_min]` maps an n-gram (a tuple of ids) to the position c of the
-    token that followed its latest occurrence, i.e. `tokens[c - n:c]` is that
-    n-gram and `tokens[c]` exists. The n-gram at the very end of the sequence
-    has no follower yet, so it is registered only when the next token arrives:
-    a lookup of the current suffix therefore finds an *earlier* occurrence.
+    `tables[n - n_min]` maps an n-gram (by the hash of its tuple of ids, which
+    keeps the tables small) to the position c of the token that followed its
+    latest occurrence, i.e. `tokens[c - n:c]` is that n-gram and `tokens[c]`
+    exists. A lookup checks the tokens at c, so a hash collision can cost a
+    match but never produce a wrong one (and would not affect exactness anyway).
+    The n-gram at the very end of the sequence has no follower yet, so it is
+    registered only when the next token arrives: a lookup of the current suffix
+    therefore finds an *earlier* occurrence.
     """
 
-    def __init__(self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX) -> None:
+    def __init__(
+        self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX, match_max: int = MATCH_MAX
+    ) -> None:
         if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
             raise InvalidParameterError(
                 f"lookup n-gram lengths must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}"
             )
         self.n_min, self.n_max = n_min, n_max
+        self.match_max = max(n_max, match_max)
+        self._match: tuple[int, tuple[int, int] | None] | None = None  # (len, match()) cache
         self.tokens: list[int] = []
-        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_min, n_max + 1)]
+        self.tables: list[dict[int, int]] = [{} for _ in range(n_min, n_max + 1)]
         self.insertions = 0  # n-gram entries written, ever (tests check the index is incremental)
         self.rebuilds = 0  # times the sequence changed under the index and it started over
 
@@ -56,6 +72,7 @@ class NgramIndex:
 
     def clear(self) -> None:
         self.tokens = []
+        self._match = None
         for table in self.tables:
             table.clear()
 
@@ -74,10 +91,14 @@ class NgramIndex:
             first = max(start, n)  # followers c >= n: the n-gram tokens[c-n:c] fits
             if first >= end:
                 continue
-            # zip of n shifted slices = the n-grams starting at c - n, in order; later
-            # (more recent) occurrences overwrite earlier ones in the dict.
-            grams = zip(*(toks[first - n + j : end - n + j] for j in range(n)))
-            table.update(zip(grams, range(first, end)))
+            if end - first <= 16:  # a round's few new tokens: plain loop, least overhead
+                for c in range(first, end):
+                    table[hash(tuple(toks[c - n : c]))] = c
+            else:
+                # A prompt: zip of n shifted slices = the n-grams starting at c - n, in
+                # order; later (more recent) occurrences overwrite earlier ones.
+                grams = zip(*(toks[first - n + j : end - n + j] for j in range(n)))
+                table.update(zip(map(hash, grams), range(first, end)))
             self.insertions += end - first
 
     def sync(self, committed: Sequence[int]) -> None:
@@ -99,16 +120,27 @@ class NgramIndex:
         self.extend(committed)
 
     def match(self) -> tuple[int, int] | None:
-        """(position after the latest earlier occurrence of the longest matching
-        suffix, its length n), or None when no suffix of n_min..n_max tokens
-        occurred before."""
+        """(c, n): c the position after the latest earlier occurrence of the
+        longest matching suffix of n_min..n_max tokens, n how many tokens before
+        c and before the end agree (measured up to match_max when the n_max-gram
+        matched); None when no suffix of n_min tokens occurred before."""
         toks = self.tokens
         L = len(toks)
+        if self._match is not None and self._match[0] == L:
+            return self._match[1]
+        found = None
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
-            c = self.tables[n - self.n_min].get(tuple(toks[L - n :]))
-            if c is not None:
-                return c, n
-        return None
+            suffix = toks[L - n :]
+            c = self.tables[n - self.n_min].get(hash(tuple(suffix)))
+            if c is not None and toks[c - n : c] == suffix:
+                if n == self.n_max:
+                    limit = min(self.match_max, c)
+                    while n < limit and toks[c - n - 1] == toks[L - n - 1]:
+                        n += 1
+                found = (c, n)
+                break
+        self._match = (L, found)
+        return found
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the longest matching suffix last time.
@@ -133,21 +165,33 @@ class NgramIndex:
 
 
 class LookupDraft:
-    """The prompt-lookup draft strategy: drafts from `NgramIndex`, q = None."""
+    """The prompt-lookup draft strategy: drafts from `NgramIndex`, q = None.
+
+    `cap_by_match`: after a match of n tokens draft at most n - n_min + 1 (see the
+    module docstring); False drafts whatever the policy allows.
+    """
 
     source = "lookup"
 
-    def __init__(self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX) -> None:
+    def __init__(
+        self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX, *, cap_by_match: bool = True
+    ) -> None:
         self.index = NgramIndex(n_min, n_max)
-
-    def find(self, committed: Sequence[int], k: int) -> list[int]:
-        """The lookup continuation of `committed` (at most k tokens; [] without a match)."""
-        self.index.sync(committed)
-        return self.index.propose(k)
+        self.cap_by_match = cap_by_match
 
     def has_match(self, committed: Sequence[int]) -> bool:
         self.index.sync(committed)
         return self.index.match() is not None
+
+    def find(self, committed: Sequence[int], k: int) -> list[int]:
+        """The lookup continuation of `committed` (at most k tokens; [] without a match)."""
+        self.index.sync(committed)
+        found = self.index.match()
+        if found is None:
+            return []
+        if self.cap_by_match:
+            k = min(k, found[1] - self.index.n_min + 1)
+        return self.index.propose(k)
 
     def propose(
         self,
