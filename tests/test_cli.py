@@ -310,3 +310,25 @@ def test_console_script_is_installed():
     result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert "generate" in result.stdout and "pairs" in result.stdout
+
+
+@pytest.mark.parametrize("extra", [["--draft", "lookup"], ["--draft-mode", "hybrid"],
+                                   ["--draft-mode", "lookup"]])
+def test_lookup_and_hybrid_drafting_from_the_cli(run, tiny_target, tiny_draft, extra):
+    base = ["--target", tiny_target, "--threads", "1", "--n-ctx", "256", "--raw", "--json",
+            "--temperature", "0", "--max-tokens", "40", "--draft-max", "4"]
+    prompt = "the cat the cat the cat the cat the cat"
+    draft = [] if extra[0] == "--draft" else ["--draft", tiny_draft]
+    spec = run("generate", prompt, *base, *draft, *extra)
+    alone = run("generate", prompt, *base, "--draft", tiny_draft, "--draft-max", "0")
+    assert spec.exit_code == 0, spec.output
+    data = json.loads(spec.stdout)
+    assert data["tokens"] == json.loads(alone.stdout)["tokens"]
+    assert data["settings"]["draft_mode"] == ("lookup" if extra[0] == "--draft" else extra[1])
+    assert data["stats"]["drafted"] > 0
+
+
+def test_model_mode_without_a_draft_model_is_an_error(run, tiny_target):
+    result = run("generate", "hi", "--target", tiny_target, "--draft", "lookup",
+                 "--draft-mode", "model")
+    assert_one_line_error(result, "--draft-mode model needs a draft model")
