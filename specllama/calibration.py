@@ -34,13 +34,14 @@ if TYPE_CHECKING:
     from .backend import Model
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
 DRAFT_MAX_N = 2  # a draft step is 1 token; 2 after a fully accepted round
 #: Batch sizes timed; the others are interpolated.
 MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 pass)
 MIN_PASSES, MAX_PASSES = 3, 9
+NOISY = 0.15  # T(1) samples this scattered (relative MAD): measured on a busy machine
 WARMUP_TEXT = (
     "The committee reviewed the proposal in detail, asked for two changes to the budget, "
     "and agreed to meet again next week. def add(a, b):\n    return a + b\n"
@@ -56,6 +57,7 @@ class CostCurve:
 
     seconds: tuple[float, ...]
     measured: tuple[int, ...] = ()  # the n that were timed (the rest interpolated)
+    noise: float = 0.0  # median |T(1) sample - median| / median while measuring
 
     def __post_init__(self) -> None:
         if not self.seconds or any(not (s > 0 and math.isfinite(s)) for s in self.seconds):
@@ -79,15 +81,17 @@ class CostCurve:
         return self.t(n) / self.seconds[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": list(self.seconds), "measured": list(self.measured)}
+        return {"seconds": list(self.seconds), "measured": list(self.measured),
+                "noise": self.noise}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostCurve:
         return cls(tuple(float(x) for x in data["seconds"]),
-                   tuple(int(n) for n in data.get("measured", ())))
+                   tuple(int(n) for n in data.get("measured", ())),
+                   float(data.get("noise", 0.0)))
 
     @classmethod
-    def from_points(cls, points: dict[int, float], max_n: int) -> CostCurve:
+    def from_points(cls, points: dict[int, float], max_n: int, noise: float = 0.0) -> CostCurve:
         """Fill 1..max_n from timed points by linear interpolation (extrapolation at the end)."""
         ns = sorted(points)
         out = []
@@ -106,7 +110,7 @@ class CostCurve:
                 out.append(points[lo] + max(0.0, slope) * (n - lo))
             else:
                 out.append(points[hi])
-        return cls(tuple(out), tuple(ns))
+        return cls(tuple(out), tuple(ns), noise)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -175,17 +179,38 @@ def measure_curve(
             t_pass = time.perf_counter()
             for n in order:
                 samples[n].append(timed(n))
+                if passes and time.perf_counter() - t_begin > 3 * budget_s:
+                    break  # a slow (or busy) machine: what we have beats making the user wait
             samples[1].append(timed(1))  # the normalizer gets twice the samples
             passes += 1
             now = time.perf_counter()
+            if now - t_begin > 3 * budget_s:
+                break
             if passes >= min_passes and (now - t_begin) + (now - t_pass) > budget_s:
                 break
-            if (now - t_begin) + (now - t_pass) > 3 * budget_s:
-                break  # a slow model: what we have beats making the user wait
-    medians = {n: statistics.median(v) for n, v in samples.items()}
-    # llama.cpp has a floor; perf_counter can read 0 for an empty tiny model only.
-    medians = {n: max(v, 1e-7) for n, v in medians.items()}
-    return CostCurve.from_points(medians, max_n)
+    medians = {n: max(statistics.median(v), 1e-7) for n, v in samples.items() if v}
+    ns = sorted(medians)
+    smooth = dict(zip(ns, isotonic([medians[n] for n in ns], [len(samples[n]) for n in ns])))
+    ones = samples[1]
+    med1 = statistics.median(ones)
+    spread = statistics.median(abs(x - med1) for x in ones) / med1 if med1 > 0 else 0.0
+    return CostCurve.from_points(smooth, max_n, noise=spread)
+
+
+def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): a bigger batch
+    never costs less, and one noisy point should not make it look so."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    out: list[float] = []
+    for v, _, c in blocks:
+        out.extend([v] * int(c))
+    return out
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -270,9 +295,9 @@ def _read(path: Path, key: dict[str, Any], max_n: int) -> CostCurve | None:
 
 def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> bool:
     """Atomic write; False (silently) where the cache dir is not writable."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"key": key, "curve": curve.to_dict(),
                                    "created": time.time()}, indent=1), encoding="utf-8")
         os.replace(tmp, path)
@@ -302,7 +327,10 @@ def calibrate(
     t0 = time.perf_counter()
     curve = measure_curve(model, max_n, budget_s=budget_s)
     spent = time.perf_counter() - t0
-    written = use_cache and curve.max_n >= max_n and _write(path, key, curve)
+    # A measurement taken while something else loaded the CPU is used now but not
+    # kept: the next load measures again.
+    keep = use_cache and curve.max_n >= max_n and curve.noise <= NOISY
+    written = keep and _write(path, key, curve)
     return Calibration(curve, key, False, spent, path if written else None)
 
 
@@ -313,9 +341,13 @@ class OnlineCurve:
     """A calibrated curve that follows observed decode times.
 
     Estimate: T(n) = base(n) · exp(g + r[n]). g, a machine-wide factor (the
-    machine got busier, the cache grew), is the median of the last observations'
-    log-ratios, so one stray slow decode moves nothing; r[n] is a slow
-    per-size correction learnt only from decodes of that size.
+    machine got busier, the cache grew), is a trimmed mean of the last
+    observations' log-ratios, so one stray slow decode moves little; r[n] is a
+    slow per-size correction learnt only from decodes of that size, relative
+    to T(1) (r[1] = 0: were it learnt too, r[1] and g would drift apart at
+    random over a long run of plain steps, and with them every ratio). A median
+    would not do for g: with two sizes alternating it jumps between their two
+    clusters and the per-size corrections never learn the difference.
     """
 
     WINDOW = 15
@@ -327,29 +359,63 @@ class OnlineCurve:
         self.g = 0.0
         self.r: dict[int, float] = {}
         self._recent: deque[float] = deque(maxlen=self.WINDOW)
+        self._pending: list[tuple[int, float]] = []
         self.observations = 0
 
     def t(self, n: int) -> float:
         if n <= 0:
             return 0.0
+        self._flush()
         return self.base.t(n) * math.exp(self.g + self.r.get(n, 0.0))
 
     def ratio(self, n: int) -> float:
         return self.t(n) / self.t(1)
 
     def observe(self, n: int, seconds: float) -> None:
+        """Record one decode of n tokens (cheap: the estimate updates when next read)."""
         if n <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return
+        self._pending.append((n, seconds))
+        if len(self._pending) >= 64:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for n, seconds in pending:
+            self._update(n, seconds)
+
+    def _update(self, n: int, seconds: float) -> None:
         self.observations += 1
         x = math.log(seconds / self.base.t(n))
         rn = self.r.get(n, 0.0)
         self._recent.append(max(-self.CLIP, min(self.CLIP, x - rn)))
-        self.g = statistics.median(self._recent)
+        self.g = trimmed_mean(self._recent)
+        if n == 1:
+            return  # r[1] = 0 anchors the level in g; else r[1] and g drift in opposite ways
         e = max(-self.CLIP, min(self.CLIP, x - self.g - rn))
         self.r[n] = rn + self.RATE * e
 
     def snapshot(self, max_n: int) -> list[float]:
-        return [self.t(n) for n in range(1, max_n + 1)]
+        """[T(1), ..., T(max_n)] (cheap: one exp per size that has a correction)."""
+        self._flush()
+        eg = math.exp(self.g)
+        seconds = self.base.seconds
+        if max_n <= len(seconds):
+            out = [x * eg for x in seconds[:max_n]]
+        else:
+            out = [self.base.t(n) * eg for n in range(1, max_n + 1)]
+        for n, rn in self.r.items():
+            if n <= max_n:
+                out[n - 1] *= math.exp(rn)
+        return out
+
+
+def trimmed_mean(values: Sequence[float], cut: float = 0.2) -> float:
+    """Mean without the lowest and highest `cut` share: robust to a few outliers."""
+    xs = sorted(values)
+    k = int(len(xs) * cut)
+    xs = xs[k : len(xs) - k] or xs
+    return sum(xs) / len(xs)
 
 
 class RecentMedian:

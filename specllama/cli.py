@@ -277,3 +277,7 @@ def main() -> None:
 from .chat import chat_command  # noqa: E402
 
 cli.add_command(chat_command)
+
+from .bench import bench_command  # noqa: E402
+
+cli.add_command(bench_command)

@@ -45,9 +45,19 @@ if TYPE_CHECKING:
 DraftMax = int | Literal["auto", "heuristic"]
 MAX_DRAFT = 64
 AUTO_MAX_DRAFT = 15  # auto verifies at most 16 tokens at once (the calibrated range)
-#: Default confidence cutoff: stop a draft when the draft model's most likely
-#: next token has less probability than this (see drafting.ModelDraft).
-DEFAULT_P_MIN = 0.0
+#: Recommended confidence cutoff (`SpeculativeDecoder(p_min=...)`): stop a draft
+#: when the draft model's most likely next token has less probability than this
+#: (drafting.ModelDraft; exact, and a no-op at temperature 0). Measured on the
+#: SmolLM2 Q4_1/Q4_0 pair at temperature 0.8 (2284 draft positions): the exact
+#: acceptance is still 0.55 where q's top probability is below 0.3 and 0.93
+#: above 0.9, so a cutoff pays only where verifying is dear. Replaying those
+#: drafts under two cost profiles: 0.2 gains 1-5% for fixed k = 2..6 with the
+#: Q4_1 target's costs (DESIGN.md section 5) and is neutral (-0.1..+1.6%) where
+#: drafting pays (verifying 5 tokens 1.8x one, a draft step 0.2x: a flat,
+#: memory-bound target with a 5x cheaper draft); 0.5 gains 2-30% in the first
+#: case (still far slower than the target alone) but loses 5-7% in the second
+#: at k <= 4, and llama.cpp's 0.75 loses 10-14% there.
+DEFAULT_P_MIN = 0.2
 #: Speculate only when the best k is expected to beat the target alone by this much.
 DEFAULT_MARGIN = 0.05
 SOURCES = ("model", "lookup")
@@ -188,15 +198,19 @@ def decide(
     base = expected_rate(accept, 0, costs)
     best_k, best = 0, 0.0
     rates = [accept] * k_max if isinstance(accept, (int, float)) else accept
-    run, tokens = 1.0, 1.0  # E(k) built up incrementally: O(k_max), this runs every round
+    if len(rates) < k_max:
+        rates = [*rates, *[rates[-1]] * (k_max - len(rates))]
+    # E(k) built up incrementally: O(k_max) (this runs every round, so no method calls)
+    target, per_draft, fixed = costs.target, costs.draft + costs.overhead_per_draft, costs.overhead
+    run, tokens = 1.0, 1.0
     for k in range(1, k_max + 1):
-        run *= rates[min(k - 1, len(rates) - 1)]
+        run *= rates[k - 1]
         tokens += run
-        r = tokens / costs.round_s(k)
+        r = tokens / (target[k] + k * per_draft + fixed)
         if r > best:
             best_k, best = k, r
     speedup = best / base if base > 0 else 0.0
-    chosen = best_k if best_k > 0 and speedup >= 1.0 + margin else 0
+    chosen = best_k if best_k > 0 and speedup > 1.0 + margin else 0
     return Decision(chosen, best_k, speedup)
 
 
@@ -226,12 +240,14 @@ class AcceptanceEstimate:
         self.reached = [0.0] * positions
         self.accepted = [0.0] * positions
         self.rounds = 0
+        self._rates: list[float] | None = None
 
     def observe(self, reached: int, accepted: int) -> None:
         """Positions 1..reached were reached; 1..accepted of them accepted."""
         if reached <= 0:
             return
         self.rounds += 1
+        self._rates = None
         d = self.decay
         n = len(self.reached)
         for i in range(n):
@@ -249,8 +265,10 @@ class AcceptanceEstimate:
         )
 
     def rates(self) -> list[float]:
-        a, w = self.overall, self.position_weight
-        return [(acc + w * a) / (r + w) for acc, r in zip(self.accepted, self.reached)]
+        if self._rates is None:
+            a, w = self.overall, self.position_weight
+            self._rates = [(acc + w * a) / (r + w) for acc, r in zip(self.accepted, self.reached)]
+        return self._rates
 
 
 @dataclass
@@ -259,6 +277,7 @@ class _SourceState:
     draft_step: object  # calibration.RecentMedian: seconds of one draft step
     probe_every: int
     since_probe: int = 0
+    hold: int = 0  # rounds the last "k = 0" still stands without deciding again
 
 
 class AutoState:
@@ -266,6 +285,9 @@ class AutoState:
     then refined by every round), acceptance per source, the probe schedule."""
 
     PROBE_FIRST, PROBE_MAX = 8, 64
+    #: While paused, decide again only every this many rounds: costs and acceptance
+    #: move slowly, and right after a decode every microsecond of Python counts.
+    RECHECK = 8
 
     def __init__(
         self,
@@ -344,7 +366,6 @@ class _Tally:
     probes: int = 0
     speedup_sum: float = 0.0  # expected speedup, summed over drafting rounds
     last: Decision | None = None
-    optimistic: Decision | None = None
 
 
 @dataclass
@@ -354,7 +375,9 @@ class AutoDraftLength:
     state: AutoState
     margin: float = DEFAULT_MARGIN
     probe_k: int = 2
-    optimistic_alpha: float = 0.9  # probe only if drafting would pay at this acceptance
+    # Probe only if drafting would pay at an optimistic acceptance: at least this,
+    # or 10 points above the current estimate (at most 0.98).
+    optimistic_alpha: float = 0.9
     cutoff: bool = False  # the draft model may stop short (p_min > 0): count it as a miss
     _chosen: dict[str, int] = field(default_factory=dict)
     _tally: dict[str, _Tally] = field(default_factory=dict)
@@ -372,7 +395,16 @@ class AutoDraftLength:
             self._t_mark = time.perf_counter()
         st = self.state
         src = st.source(source)
-        tally = self._tally.setdefault(source, _Tally())
+        tally = self._tally.get(source)
+        if tally is None:
+            tally = self._tally[source] = _Tally()
+        elif src.hold > 0 and src.since_probe + 1 < src.probe_every:
+            # paused, and no probe due: the last decision stands (the fast path)
+            src.hold -= 1
+            src.since_probe += 1
+            tally.rounds += 1
+            self._chosen[source] = 0
+            return 0
         costs = st.costs(source)
         decision = decide(src.acceptance.rates(), costs, st.k_max, self.margin)
         k = decision.k
@@ -381,22 +413,26 @@ class AutoDraftLength:
         if k > 0:
             src.probe_every = AutoState.PROBE_FIRST
             src.since_probe = 0
+            src.hold = 0
             tally.speedup_sum += decision.speedup
         else:
+            src.hold = AutoState.RECHECK - 1
             src.since_probe += 1
             if src.since_probe >= src.probe_every:
-                hopeful = decide(self.optimistic_alpha, costs, st.k_max, self.margin)
-                tally.optimistic = hopeful
+                hopeful = decide(self._optimistic(src), costs, st.k_max, self.margin)
+                src.since_probe = 0
+                src.probe_every = min(AutoState.PROBE_MAX, 2 * src.probe_every)
                 if hopeful.speculate:
                     k = max(1, min(self.probe_k, hopeful.best_k))
                     tally.probes += 1
-                    src.since_probe = 0
-                    src.probe_every = min(AutoState.PROBE_MAX, 2 * src.probe_every)
         if k > 0:
             tally.drafted += 1
             tally.k_sum += k
         self._chosen[source] = k
         return k
+
+    def _optimistic(self, src: _SourceState) -> float:
+        return min(0.98, max(self.optimistic_alpha, src.acceptance.overall + 0.1))
 
     # ----------------------------------------------------------------- observe
     def observe(self, outcome: RoundOutcome) -> None:
@@ -457,18 +493,19 @@ class AutoDraftLength:
             verify += f" and a draft step {costs.draft / t1:.2f}x"
         label = "" if source == "model" else f"{source}: "
         real = tally.drafted - tally.probes
-        if real == 0:
-            msg = (f"{label}speculation paused: {verify}; at {alpha:.0%} acceptance drafting "
-                   f"{k} would run at {d.speedup:.2f}x the target alone")
+        share = real / tally.rounds
+        if not d.speculate:
+            after = f" after drafting in {share:.0%} of rounds" if real else ""
+            msg = (f"{label}speculation paused{after}: {verify}; at {alpha:.0%} acceptance "
+                   f"drafting {k} would run at {d.speedup:.2f}x the target alone")
             if tally.probes:
                 msg += f" (probed {tally.probes}x)"
-            elif tally.optimistic is not None and not tally.optimistic.speculate:
-                msg += (f"; even at {self.optimistic_alpha:.0%} acceptance it would not pay,"
+            elif not decide(hope := self._optimistic(src), costs, st.k_max, self.margin).speculate:
+                msg += (f"; even at {hope:.0%} acceptance it would not pay,"
                         " so no probes")
             return msg
-        mean_k = tally.k_sum / tally.drafted
-        expected = tally.speedup_sum / real
-        share = real / tally.rounds
+        mean_k = tally.k_sum / max(1, tally.drafted)
+        expected = tally.speedup_sum / max(1, real)
         when = "" if share >= 0.95 else f" in {share:.0%} of rounds (paused in the rest)"
         return (f"{label}drafted{when}, k {mean_k:.1f} on average, acceptance {alpha:.0%}: "
                 f"expected {expected:.2f}x the target alone ({verify})")

@@ -1,0 +1,180 @@
+"""`specllama bench` with the tiny models: prompts and modes parsing, the
+interleaved run, a well-formed JSON report and a plot."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
+from specllama.bench import (
+    BenchPrompt,
+    bench_command,
+    builtin_prompts,
+    parse_modes,
+    parse_prompts,
+    render_tables,
+    run_bench,
+    write_json,
+    write_plot,
+)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(tmp_path / "cache"))
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_parse_modes():
+    modes = parse_modes("target, 1,k=2,k4, auto,heuristic,2")
+    assert [m.name for m in modes] == ["target", "k=1", "k=2", "k=4", "auto", "heuristic"]
+    assert [m.draft_max for m in modes] == [0, 1, 2, 4, "auto", "heuristic"]
+    assert parse_modes("0")[0].name == "target"
+    for bad in ("fast", "k=0x", "65", "", "-1"):
+        with pytest.raises(InvalidParameterError):
+            parse_modes(bad)
+
+
+def test_parse_prompts_jsonl_and_lines():
+    jsonl = '{"id": "a", "prompt": "hi", "category": "chat"}\n\n# note\n"plain string"\n'
+    ps = parse_prompts(jsonl)
+    assert ps == [BenchPrompt("a", "hi", "chat"), BenchPrompt("p4", "plain string")]
+    lines = parse_prompts("first prompt\nsecond one\n")
+    assert [p.prompt for p in lines] == ["first prompt", "second one"]
+    assert parse_prompts('{"prompt": "x", "chat": false}')[0].chat is False
+
+
+@pytest.mark.parametrize("text", [
+    "", "# only a comment\n", '{"id": "a"}', '{"prompt": 3}', '{"prompt": "x"',
+    '{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}', '{"prompt": "  "}',
+    '{"prompt": "x", "chat": "yes"}',
+])
+def test_parse_prompts_errors(text):
+    with pytest.raises(InvalidParameterError):
+        parse_prompts(text)
+
+
+def test_builtin_prompts_cover_the_tasks():
+    ps = builtin_prompts()
+    assert {"chat", "code", "summarize", "rewrite"} <= {p.category for p in ps}
+    assert len({p.id for p in ps}) == len(ps)
+    by_cat = {p.category: p for p in ps}
+    assert len(by_cat["summarize"].prompt) > 400 and len(by_cat["rewrite"].prompt) > 200
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@pytest.fixture(scope="module")
+def report(tiny_target, tiny_draft, tmp_path_factory):
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    prompts = [BenchPrompt("one", "the cat sat on the"), BenchPrompt("two", "Once upon a time")]
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECLLAMA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        rep = run_bench(dec, prompts, parse_modes("target,2,auto"), reps=2, max_tokens=12,
+                        sampling=SamplingParams(temperature=0.8, seed=5), progress=seen.append)
+    dec.close()
+    rep["_progress"] = seen
+    return rep
+
+
+def test_run_bench_runs_everything_interleaved(report):
+    runs = report["runs"]
+    assert len(runs) == 2 * 2 * 3
+    for pid in ("one", "two"):
+        for rep in (0, 1):
+            group = [r for r in runs if r["prompt"] == pid and r["rep"] == rep]
+            assert sorted(r["mode"] for r in group) == ["auto", "k=2", "target"]
+            assert {r["seed"] for r in group} == {5 + rep}  # same seed for every mode
+    first = [r["mode"] for r in runs[:3]]
+    second = [r["mode"] for r in runs[3:6]]
+    assert first != second and sorted(first) == sorted(second)  # order rotates
+    assert all(0 < r["tokens"] <= 12 for r in runs)
+    assert all(r["generate_s"] > 0 and r["tokens_per_s"] > 0 for r in runs)
+    assert all(r["drafted"] == 0 for r in runs if r["mode"] == "target")
+    assert any(r["drafted"] > 0 for r in runs if r["mode"] == "k=2")
+    assert any("calibrating" in m for m in report["_progress"])
+
+
+def test_report_summary(report):
+    summary = report["summary"]
+    per = summary["per_prompt"]["one"]
+    assert per["target"]["vs_target"] == pytest.approx(1.0)
+    assert per["best_fixed"] == "k=2"
+    assert per["k=2"]["vs_best_fixed"] == pytest.approx(1.0)
+    assert len(per["auto"]["tokens_per_s_all"]) == 2
+    overall = summary["overall"]
+    assert set(overall) == {"target", "k=2", "auto"}
+    assert overall["target"]["acceptance_rate"] is None
+    assert 0.0 <= overall["k=2"]["acceptance_rate"] <= 1.0
+    assert len(overall["k=2"]["acceptance_by_position"]) == 2
+    for o in overall.values():
+        assert 0.0 <= o["overhead_share_median"] <= 1.0
+    assert overall["auto"]["policy_note"].startswith("auto: ")
+    assert report["calibration"]["target"]["curve"]["seconds"]
+    assert report["settings"]["reps"] == 2 and report["settings"]["max_tokens"] == 12
+
+
+def test_report_is_json_and_plots(report, tmp_path):
+    path = tmp_path / "bench.json"
+    clean = {k: v for k, v in report.items() if not k.startswith("_")}
+    write_json(clean, path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 1 and len(data["runs"]) == 12
+    for key in ("generate_s", "target_s", "draft_s", "overhead_s", "prompt_s",
+                "drafted_at", "accepted_at", "draft_lengths", "policy_note", "finish_reason",
+                "foreign_cpu"):
+        assert key in data["runs"][0]
+    tables = render_tables(data)
+    assert len(tables) == 2
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    write_plot(data, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_bench_rejects_bad_input(tiny_target):
+    dec = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, n_threads=1)
+    with pytest.raises(InvalidParameterError):
+        run_bench(dec, [], parse_modes("target"))
+    with pytest.raises(InvalidParameterError):
+        run_bench(dec, [BenchPrompt("a", "x")], parse_modes("target"), reps=0)
+    dec.close()
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_bench_command(tiny_target, tiny_draft, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on the\nHello world\n")
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    args = ["--target", str(tiny_target), "--draft", str(tiny_draft), "--threads", "1",
+            "--n-ctx", "256", "--prompts", str(prompts), "--modes", "target,1,auto",
+            "--reps", "1", "--max-tokens", "6", "--no-warmup", "--json", str(out_json)]
+    try:
+        import matplotlib  # noqa: F401
+
+        args += ["--plot", str(out_png)]
+    except ImportError:
+        out_png = None
+    result = CliRunner().invoke(bench_command, args)
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.output and "overall" in result.output
+    data = json.loads(out_json.read_text())
+    assert [p["id"] for p in data["prompts"]] == ["p1", "p2"]
+    assert len(data["runs"]) == 2 * 3
+    assert data["settings"]["threads"] == 1
+    if out_png is not None:
+        assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_command_bad_modes(tiny_target, tiny_draft):
+    result = CliRunner().invoke(bench_command, ["--target", str(tiny_target), "--draft",
+                                                str(tiny_draft), "--modes", "fast"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, InvalidParameterError)

@@ -1,0 +1,248 @@
+"""Cost calibration: the curve, measuring without disturbing the model, the on-disk
+cache (reused; invalidated by another file, thread count or machine) and the
+online refinement."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from specllama import calibration as cal
+from specllama.backend import Model
+from specllama.calibration import (
+    CostCurve,
+    OnlineCurve,
+    RecentMedian,
+    cache_path,
+    calibrate,
+    isotonic,
+    measure_curve,
+)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(tmp_path / "cache"))
+
+
+# ----------------------------------------------------------------------------- the curve
+
+
+def test_curve_interpolates_and_extrapolates():
+    c = CostCurve.from_points({1: 1.0, 2: 2.0, 4: 3.0, 8: 5.0}, 10)
+    assert c.seconds[:8] == (1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
+    assert c.t(10) == pytest.approx(6.0)  # slope of the last measured segment
+    assert c.t(12) == pytest.approx(c.t(10) + 2 * (c.t(10) - c.t(9)))
+    assert c.ratio(4) == 3.0
+    assert c.t(0) == 0.0
+    assert CostCurve.from_dict(c.to_dict()) == c
+
+
+def test_curve_rejects_nonsense():
+    with pytest.raises(ValueError):
+        CostCurve(())
+    with pytest.raises(ValueError):
+        CostCurve((1.0, float("nan")))
+    with pytest.raises(ValueError):
+        CostCurve((0.0, 1.0))
+
+
+def test_isotonic():
+    assert isotonic([1, 2, 3], [1, 1, 1]) == [1, 2, 3]
+    assert isotonic([1, 3, 2, 4], [1, 1, 1, 1]) == [1, 2.5, 2.5, 4]
+    assert isotonic([5, 1], [3, 1]) == [4, 4]
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+@pytest.fixture(scope="module")
+def model(tiny_target):
+    m = Model(tiny_target, n_ctx=256, n_threads=1)
+    yield m
+    m.close()
+
+
+def test_measure_leaves_the_model_as_it_was(model):
+    model.clear()
+    tokens = model.tokenize("the cat sat on the mat", add_bos=True)
+    model.decode(tokens, "last")
+    before = (list(model.cached), model.pos_max(), model.decode_s, model.decode_calls,
+              model.tokens_evaluated)
+    curve = measure_curve(model, 16, budget_s=0.05)
+    after = (list(model.cached), model.pos_max(), model.decode_s, model.decode_calls,
+             model.tokens_evaluated)
+    assert after == before
+    assert curve.max_n == 16 and all(s > 0 for s in curve.seconds)
+    assert list(curve.seconds) == sorted(curve.seconds)  # monotone after smoothing
+    assert 1 in curve.measured and 16 in curve.measured
+    # the cache still works: decoding the next token continues the same sequence
+    model.decode(model.tokenize(" and", add_bos=False), "last")
+    assert model.pos_max() == len(model.cached) - 1
+    assert model.cached[: len(tokens)] == tokens
+    model.clear()
+
+
+def test_measure_on_an_empty_cache_leaves_it_empty(model):
+    model.clear()
+    measure_curve(model, 4, budget_s=0.02)
+    assert model.cached == [] and model.pos_max() == -1
+
+
+def test_measure_with_a_nearly_full_cache(tiny_target):
+    m = Model(tiny_target, n_ctx=32, n_threads=1)
+    m.decode([5] * 31, "none")
+    curve = measure_curve(m, 16, budget_s=0.02)
+    assert curve.max_n >= 1
+    assert m.pos_max() + 1 == len(m.cached)  # consistent, whatever it had to give up
+    m.close()
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+class FakeModel:
+    """What calibrate() reads of a model; measuring is replaced by a counter."""
+
+    def __init__(self, path: Path, n_threads: int = 2) -> None:
+        self.path, self.n_threads, self.n_batch = path, n_threads, 512
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    calls = []
+
+    def fake(model, max_n, **kw):
+        calls.append((model.path, model.n_threads, max_n))
+        return CostCurve(tuple(0.01 * (1 + 0.5 * i) for i in range(max_n)), (1, max_n))
+
+    monkeypatch.setattr(cal, "measure_curve", fake)
+    return calls
+
+
+@pytest.fixture
+def gguf(tmp_path) -> Path:
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF" + b"\0" * 60)
+    return p
+
+
+def test_cache_is_reused(gguf, measured, tmp_path):
+    first = calibrate(FakeModel(gguf), 16)
+    assert not first.from_cache and first.path is not None
+    assert first.path.parent == tmp_path / "cache" / "calibration"
+    second = calibrate(FakeModel(gguf), 16)
+    assert second.from_cache and second.curve == first.curve
+    assert len(measured) == 1
+    assert calibrate(FakeModel(gguf), 8).from_cache  # a shorter curve is in the longer one
+
+
+def test_cache_invalidated_by_a_changed_file(gguf, measured):
+    calibrate(FakeModel(gguf), 16)
+    gguf.write_bytes(b"GGUF" + b"\1" * 80)  # new size
+    assert not calibrate(FakeModel(gguf), 16).from_cache
+    st = gguf.stat()
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # same size, new mtime
+    assert not calibrate(FakeModel(gguf), 16).from_cache
+    assert calibrate(FakeModel(gguf), 16).from_cache
+    assert len(measured) == 3
+
+
+def test_cache_invalidated_by_thread_count(gguf, measured):
+    calibrate(FakeModel(gguf, 2), 16)
+    assert not calibrate(FakeModel(gguf, 1), 16).from_cache
+    assert calibrate(FakeModel(gguf, 2), 16).from_cache
+    assert calibrate(FakeModel(gguf, 1), 16).from_cache
+    assert cache_path(gguf, 1) != cache_path(gguf, 2)
+    assert len(measured) == 2
+
+
+def test_cache_invalidated_by_machine_and_longer_need(gguf, measured, monkeypatch):
+    calibrate(FakeModel(gguf), 2)
+    assert not calibrate(FakeModel(gguf), 16).from_cache  # needs more points than cached
+    monkeypatch.setattr(cal, "machine_id", lambda: "another|machine|64|arm64")
+    assert not calibrate(FakeModel(gguf), 16).from_cache
+    assert len(measured) == 3
+
+
+def test_cache_ignores_corrupt_files_and_unwritable_dirs(gguf, measured, tmp_path, monkeypatch):
+    first = calibrate(FakeModel(gguf), 16)
+    first.path.write_text("{not json")
+    again = calibrate(FakeModel(gguf), 16)
+    assert not again.from_cache
+    data = json.loads(again.path.read_text())
+    assert data["key"]["n_threads"] == 2 and data["key"]["size"] == gguf.stat().st_size
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache dir should be")
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(blocker / "cache"))
+    res = calibrate(FakeModel(gguf), 16)
+    assert res.path is None and res.curve.max_n == 16  # measured, just not kept
+
+
+def test_noisy_measurement_is_not_kept(gguf, monkeypatch):
+    monkeypatch.setattr(cal, "measure_curve",
+                        lambda model, max_n, **kw: CostCurve((0.01,) * max_n, (1,), noise=0.5))
+    assert calibrate(FakeModel(gguf), 4).path is None
+    assert not calibrate(FakeModel(gguf), 4).from_cache
+
+
+def test_real_model_calibration_roundtrip(tiny_target, monkeypatch):
+    monkeypatch.setattr(cal, "NOISY", float("inf"))  # tiny models are all jitter
+    m = Model(tiny_target, n_ctx=128, n_threads=1)
+    first = calibrate(m, 16, budget_s=0.05)
+    second = calibrate(m, 16)
+    assert second.from_cache and second.curve == first.curve
+    m.close()
+
+
+# ----------------------------------------------------------------------------- online
+
+
+def test_online_curve_follows_a_uniform_slowdown():
+    base = CostCurve(tuple(0.01 * (1 + 0.3 * i) for i in range(16)))
+    on = OnlineCurve(base)
+    for _ in range(20):
+        on.observe(1, 0.02)  # only plain steps seen, twice as slow as calibrated
+    assert on.t(1) == pytest.approx(0.02, rel=0.02)
+    assert on.ratio(5) == pytest.approx(base.ratio(5), rel=0.05)  # the shape is kept
+
+
+def test_online_curve_learns_one_size_and_shrugs_off_outliers():
+    base = CostCurve(tuple(0.01 * (1 + 0.3 * i) for i in range(16)))
+    on = OnlineCurve(base)
+    for _ in range(60):
+        on.observe(1, 0.01)
+        on.observe(4, base.t(4) * 1.5)  # size 4 is dearer than calibrated
+    assert on.t(4) / on.t(1) == pytest.approx(1.5 * base.ratio(4), rel=0.1)
+    t1 = on.t(1)
+    on.observe(1, 10.0)  # one stray slow decode (another process ran)
+    assert on.t(1) == pytest.approx(t1, rel=0.2)
+    on.observe(1, float("nan"))
+    on.observe(0, 1.0)
+    assert on.t(1) == pytest.approx(t1, rel=0.2)
+
+
+def test_recent_median():
+    r = RecentMedian(5.0, window=5, min_count=3)
+    assert r.value == 5.0
+    r.add(1.0)
+    r.add(2.0)
+    assert r.value == 5.0
+    r.add(100.0)
+    assert r.value == 2.0
+
+
+def test_online_curve_ratios_do_not_drift_on_plain_steps():
+    """Hours of plain steps on a noisy machine leave the calibrated shape alone."""
+    import random
+
+    base = CostCurve(tuple(0.01 * (1 + 0.8 * i) for i in range(16)))
+    on = OnlineCurve(base)
+    rng = random.Random(3)
+    level = 1.0
+    for _ in range(3000):
+        level = min(2.0, max(0.7, level * rng.uniform(0.97, 1.03)))  # the machine drifts
+        on.observe(1, 0.01 * level * rng.uniform(0.8, 1.25))
+    assert on.ratio(2) == pytest.approx(base.ratio(2), rel=1e-9)
+    assert on.ratio(8) == pytest.approx(base.ratio(8), rel=1e-9)
