@@ -289,7 +289,7 @@ def test_invalid_utf8_on_stdin(run, tiny):
 def test_interrupt_keeps_printed_text_prints_stats_and_exits_130(tiny_target, tiny_draft, sig):
     cmd = [sys.executable, "-c", "from specllama.cli import main; main()", "generate",
            "--target", str(tiny_target), "--draft", str(tiny_draft), "--raw", "--threads", "1",
-           "--n-ctx", "4096", "--max-tokens", "4000", "--temperature", "1.0", "Hello world"]
+           "--n-ctx", "4096", "--max-tokens", "4000", "--temperature", "0", "Hello world"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     # wait until text streams, then interrupt mid-generation
