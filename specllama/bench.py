@@ -41,6 +41,9 @@ DEFAULT_REPS = 3
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_SEED = 0
 WARMUP_TOKENS = 16
+#: A repetition where other processes took more than this share of the CPU is left
+#: out of the summary (see `summarize`).
+DEFAULT_MAX_FOREIGN = 0.10
 
 
 # ============================================================================ prompts
@@ -242,6 +245,7 @@ def run_bench(
     warmup: bool = True,
     raw: bool = False,
     progress: Callable[[str], None] | None = None,
+    max_foreign: float | None = DEFAULT_MAX_FOREIGN,
 ) -> dict[str, Any]:
     """Run every mode on every prompt `reps` times, interleaved; the full report."""
     if not isinstance(reps, int) or reps < 1:
@@ -331,7 +335,8 @@ def run_bench(
         "prompts": [{**asdict(p), "prompt_tokens": len(encoded[p.id])} for p in prompts],
         "runs": runs,
     }
-    report["summary"] = summarize(runs, [m.name for m in modes], [p.id for p in prompts], modes)
+    report["summary"] = summarize(runs, [m.name for m in modes], [p.id for p in prompts], modes,
+                                  max_foreign)
     return report
 
 
@@ -340,10 +345,27 @@ def summarize(
     mode_names: Sequence[str],
     prompt_ids: Sequence[str],
     modes: Sequence[Mode] | None = None,
+    max_foreign: float | None = DEFAULT_MAX_FOREIGN,
 ) -> dict[str, Any]:
     """Medians per (prompt, mode); ratios to the target alone and to the best fixed k,
-    paired by repetition (median of the per-repetition ratios)."""
+    paired by repetition (median of the per-repetition ratios).
+
+    A repetition (all modes of one prompt) in which any run had other processes
+    using more than `max_foreign` of the CPU is left out of the figures, as long as
+    the prompt keeps at least one clean repetition; the runs stay in the JSON."""
     fixed = [m.name for m in (modes or []) if m.fixed_k]
+    excluded: list[dict[str, Any]] = []
+    if max_foreign is not None:
+        kept = []
+        for pid in prompt_ids:
+            mine = [r for r in runs if r["prompt"] == pid]
+            dirty = {r["rep"] for r in mine
+                     if (r.get("foreign_cpu") or 0.0) > max_foreign}
+            if dirty and len({r["rep"] for r in mine} - dirty) >= 1:
+                excluded.extend({"prompt": pid, "rep": rep} for rep in sorted(dirty))
+                mine = [r for r in mine if r["rep"] not in dirty]
+            kept.extend(mine)
+        runs = kept
     per_prompt: dict[str, dict[str, Any]] = {}
     for pid in prompt_ids:
         row: dict[str, Any] = {}
@@ -405,7 +427,8 @@ def summarize(
             "reached_by_position": reached,
             "policy_note": notes[-1] if notes else "",
         }
-    return {"per_prompt": per_prompt, "overall": overall}
+    return {"per_prompt": per_prompt, "overall": overall, "excluded_reps": excluded,
+            "max_foreign": max_foreign}
 
 
 # ============================================================================ output
@@ -419,8 +442,8 @@ def render_tables(report: dict[str, Any]):
     modes = [m["name"] for m in report["modes"]]
     summary = report["summary"]
     settings = report["settings"]
-    t = Table(title=f"tokens/s, median of {settings['reps']} (ratio to the target alone)",
-              title_justify="left")
+    t = Table(title=f"tokens/s, median of {settings['reps']} repetitions "
+              "(ratio to the target alone)", title_justify="left")
     t.add_column("prompt")
     for name in modes:
         t.add_column(name, justify="right")
@@ -474,8 +497,12 @@ def describe_environment(report: dict[str, Any]) -> str:
         runs = [r["foreign_cpu"] for r in report["runs"] if r.get("foreign_cpu") is not None]
         worst = max(runs, default=0.0)
         lines.append(f"other processes used {foreign:.0%} of the CPU during the timed runs "
-                     f"(worst run {worst:.0%})"
-                     + ("; figures are NOT reliable" if foreign > 0.05 or worst > 0.15 else ""))
+                     f"(worst run {worst:.0%})")
+    excluded = report.get("summary", {}).get("excluded_reps") or []
+    if excluded:
+        lines.append(f"left out {len(excluded)} repetition(s) where other processes used more "
+                     f"than {report['summary']['max_foreign']:.0%} of the CPU: "
+                     + ", ".join(f"{e['prompt']} #{e['rep'] + 1}" for e in excluded))
     return "\n".join(lines)
 
 
@@ -566,6 +593,10 @@ def _bench_options(f: Callable) -> Callable:
         click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
         click.option("--warmup/--no-warmup", default=True, show_default=True,
                      help="Short untimed runs first: one per mode, then one per prompt."),
+        click.option("--max-foreign", type=click.FloatRange(0.0, 1.0),
+                     default=DEFAULT_MAX_FOREIGN, show_default=True,
+                     help="Leave out repetitions where other processes used more than this "
+                          "share of the CPU (1 = keep all)."),
         click.option("--json", "json_path", metavar="FILE",
                      help="Write every raw timing and the summary as JSON."),
         click.option("--plot", "plot_path", metavar="FILE.png",
@@ -627,7 +658,7 @@ def bench_command(**opts: Any) -> None:
             decoder, prompts, modes,
             reps=opts["reps"], max_tokens=opts["max_tokens"], sampling=settings.sampling,
             draft_mode=settings.draft_mode, warmup=opts["warmup"], raw=opts["raw"],
-            progress=progress,
+            progress=progress, max_foreign=opts["max_foreign"],
         )
     finally:
         decoder.close()

@@ -15,6 +15,7 @@ from specllama.bench import (
     parse_prompts,
     render_tables,
     run_bench,
+    summarize,
     write_json,
     write_plot,
 )
@@ -178,3 +179,28 @@ def test_bench_command_bad_modes(tiny_target, tiny_draft):
                                                 str(tiny_draft), "--modes", "fast"])
     assert result.exit_code != 0
     assert isinstance(result.exception, InvalidParameterError)
+
+
+def fake_run(prompt, mode, rep, tps, foreign=0.0):
+    return {"prompt": prompt, "mode": mode, "rep": rep, "tokens_per_s": tps, "tokens": 10,
+            "overhead_share": 0.01, "overhead_s": 0.001, "generate_s": 10 / tps, "drafted": 0,
+            "accepted": 0, "target_steps": 10, "drafted_at": [], "accepted_at": [],
+            "reached_at": [], "policy_note": "", "foreign_cpu": foreign}
+
+
+def test_summary_pairs_by_repetition_and_drops_busy_ones():
+    modes = parse_modes("target,2")
+    runs = [
+        # the machine drifts between repetitions; within one, k=2 is always 0.5x
+        fake_run("a", "target", 0, 100.0), fake_run("a", "k=2", 0, 50.0),
+        fake_run("a", "target", 1, 60.0), fake_run("a", "k=2", 1, 30.0),
+        fake_run("a", "target", 2, 80.0), fake_run("a", "k=2", 2, 40.0),
+        # a busy repetition: left out
+        fake_run("a", "target", 3, 10.0, foreign=0.5), fake_run("a", "k=2", 3, 45.0),
+    ]
+    s = summarize(runs, ["target", "k=2"], ["a"], modes)
+    assert s["per_prompt"]["a"]["k=2"]["vs_target"] == pytest.approx(0.5)
+    assert s["per_prompt"]["a"]["target"]["tokens_per_s"] == 80.0
+    assert s["excluded_reps"] == [{"prompt": "a", "rep": 3}]
+    kept = summarize(runs, ["target", "k=2"], ["a"], modes, max_foreign=None)
+    assert kept["excluded_reps"] == [] and kept["overall"]["target"]["runs"] == 4
