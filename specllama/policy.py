@@ -20,8 +20,9 @@ Three policies:
   it is kept unless the best k > 0 is expected to be at least `margin` faster:
   never meaningfully slower than the target alone. While speculation is off
   it drafts a short probe now and then (with backoff) so the acceptance
-  estimate stays current, but only if drafting could pay at all at a high
-  acceptance rate.
+  estimate stays current, but only if drafting could pay at a high
+  acceptance rate by more than such a probe costs (a paused draft model lags
+  behind and must catch up on every token since it last drafted).
 
 The pure functions (`expected_tokens`, `RoundCosts`, `decide`) hold the math;
 `AutoState` holds what survives across calls of one decoder (calibrated and
@@ -294,6 +295,7 @@ class AutoState:
         target_curve: CostCurve,
         draft_step_s: float = 0.0,
         *,
+        draft_catchup_s: float = 0.0,
         priors: dict[str, float] | None = None,
         calibration: dict | None = None,
     ) -> None:
@@ -310,6 +312,10 @@ class AutoState:
             )
             for src in SOURCES
         }
+        # What each token the draft model lags behind costs when it catches up (its
+        # marginal cost in a batch, T_d(2) - T_d(1)): the hidden price of a probe, since
+        # a paused draft model falls behind by one token a round.
+        self.draft_catchup_s = max(0.0, draft_catchup_s)
         self.overhead_round = RecentMedian(0.0)
         self.overhead_draft = RecentMedian(0.0)
         self.calibration = calibration or {}
@@ -330,12 +336,13 @@ class AutoState:
 
         target = calibrate(decoder.target, TARGET_MAX_N)
         info = {"target": target.to_dict()}
-        draft_step = 0.0
+        draft_step = catchup = 0.0
         if decoder.draft is not None:
             draft = calibrate(decoder.draft, DRAFT_MAX_N)
             info["draft"] = draft.to_dict()
             draft_step = draft.curve.t(1)
-        return cls(target.curve, draft_step, calibration=info)
+            catchup = draft.curve.t(2) - draft.curve.t(1)
+        return cls(target.curve, draft_step, draft_catchup_s=catchup, calibration=info)
 
     def source(self, name: str) -> _SourceState:
         return self.sources[name if name in self.sources else "model"]
@@ -375,8 +382,9 @@ class AutoDraftLength:
     state: AutoState
     margin: float = DEFAULT_MARGIN
     probe_k: int = 2
-    # Probe only if drafting would pay at an optimistic acceptance: at least this,
-    # or 10 points above the current estimate (at most 0.98).
+    # Probe only if drafting would pay at an optimistic acceptance (this, or the
+    # current estimate if higher, at most 0.95) by more than the margin plus what
+    # the probe's catch-up of the lagging draft model costs.
     optimistic_alpha: float = 0.9
     cutoff: bool = False  # the draft model may stop short (p_min > 0): count it as a miss
     _chosen: dict[str, int] = field(default_factory=dict)
@@ -419,7 +427,8 @@ class AutoDraftLength:
             src.hold = AutoState.RECHECK - 1
             src.since_probe += 1
             if src.since_probe >= src.probe_every:
-                hopeful = decide(self._optimistic(src), costs, st.k_max, self.margin)
+                hopeful = decide(self._optimistic(src), costs, st.k_max,
+                                 self.margin + self._probe_price(source, costs))
                 src.since_probe = 0
                 src.probe_every = min(AutoState.PROBE_MAX, 2 * src.probe_every)
                 if hopeful.speculate:
@@ -432,7 +441,14 @@ class AutoDraftLength:
         return k
 
     def _optimistic(self, src: _SourceState) -> float:
-        return min(0.98, max(self.optimistic_alpha, src.acceptance.overall + 0.1))
+        return min(0.95, max(self.optimistic_alpha, src.acceptance.overall))
+
+    def _probe_price(self, source: str, costs: RoundCosts) -> float:
+        """The share of a paused stretch's time a probe adds: the draft model lags one
+        token per paused round and catches up in one batch when it drafts again."""
+        if source != "model":
+            return 0.0
+        return self.state.draft_catchup_s / costs.target[0]
 
     # ----------------------------------------------------------------- observe
     def observe(self, outcome: RoundOutcome) -> None:
@@ -500,7 +516,8 @@ class AutoDraftLength:
                    f"drafting {k} would run at {d.speedup:.2f}x the target alone")
             if tally.probes:
                 msg += f" (probed {tally.probes}x)"
-            elif not decide(hope := self._optimistic(src), costs, st.k_max, self.margin).speculate:
+            elif not decide(hope := self._optimistic(src), costs, st.k_max,
+                            self.margin + self._probe_price(source, costs)).speculate:
                 msg += (f"; even at {hope:.0%} acceptance it would not pay,"
                         " so no probes")
             return msg

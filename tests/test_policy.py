@@ -322,3 +322,18 @@ def test_for_decoder_reuses_state_and_reads_p_min():
     assert policy.state is Dec._auto_state and policy.cutoff
     Dec.p_min = 0.0
     assert not make_policy("auto", Dec()).cutoff
+
+
+def test_no_probes_when_the_catch_up_would_eat_the_gain():
+    """A paused draft model lags behind; a probe pays its catch-up. Where that costs
+    more than drafting could win, auto does not probe (the model source only)."""
+    ratios, t1 = FLAT_RATIOS, 0.01
+    cheap = AutoState(CostCurve(tuple(t1 * r for r in ratios)), 0.3 * t1)
+    dear = AutoState(CostCurve(tuple(t1 * r for r in ratios)), 0.3 * t1,
+                     draft_catchup_s=0.8 * t1)
+    for st, probes_expected in ((cheap, True), (dear, False)):
+        policy = AutoDraftLength(st)
+        run_rounds(policy, 5, accept_all=True)
+        ks = run_rounds(policy, 100, accept_all=False)
+        off = ks.index(0)
+        assert any(k > 0 for k in ks[off:]) == probes_expected
