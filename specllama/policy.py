@@ -275,7 +275,10 @@ class AcceptanceEstimate:
 @dataclass
 class _SourceState:
     acceptance: AcceptanceEstimate
-    draft_step: object  # calibration.RecentMedian: seconds of one draft step
+    # calibration.RecentMedian of one draft step / the target's T(1) at that time: a
+    # ratio, so a machine that gets busier or quieter (which moves T(1)) does not leave
+    # a stale draft cost behind while drafting is paused and the draft is not observed
+    draft_step: object
     probe_every: int
     since_probe: int = 0
     hold: int = 0  # rounds the last "k = 0" still stands without deciding again
@@ -307,7 +310,7 @@ class AutoState:
         self.sources = {
             src: _SourceState(
                 AcceptanceEstimate(prior=priors[src], positions=max(1, self.k_max)),
-                RecentMedian(draft_step_s if src == "model" else 0.0),
+                RecentMedian(draft_step_s / target_curve.t(1) if src == "model" else 0.0),
                 self.PROBE_FIRST,
             )
             for src in SOURCES
@@ -315,7 +318,7 @@ class AutoState:
         # What each token the draft model lags behind costs when it catches up (its
         # marginal cost in a batch, T_d(2) - T_d(1)): the hidden price of a probe, since
         # a paused draft model falls behind by one token a round.
-        self.draft_catchup_s = max(0.0, draft_catchup_s)
+        self.draft_catchup_ratio = max(0.0, draft_catchup_s) / target_curve.t(1)
         self.overhead_round = RecentMedian(0.0)
         self.overhead_draft = RecentMedian(0.0)
         self.calibration = calibration or {}
@@ -352,7 +355,7 @@ class AutoState:
             self._target_snapshot = tuple(self.target.snapshot(self.k_max + 1))
         return RoundCosts(
             self._target_snapshot,
-            self.source(source).draft_step.value,  # type: ignore[attr-defined]
+            self.source(source).draft_step.value * self._target_snapshot[0],  # type: ignore[attr-defined]
             max(0.0, self.overhead_round.value),
             max(0.0, self.overhead_draft.value),
         )
@@ -448,7 +451,7 @@ class AutoDraftLength:
         token per paused round and catches up in one batch when it drafts again."""
         if source != "model":
             return 0.0
-        return self.state.draft_catchup_s / costs.target[0]
+        return self.state.draft_catchup_ratio
 
     # ----------------------------------------------------------------- observe
     def observe(self, outcome: RoundOutcome) -> None:
@@ -467,7 +470,8 @@ class AutoDraftLength:
             # Only when the draft model was in step: after rounds without it, its
             # first decode catches up on several tokens, which a probe pays but
             # steady drafting does not.
-            src.draft_step.add(outcome.draft_s / max(1, outcome.k))  # type: ignore[attr-defined]
+            step = outcome.draft_s / max(1, outcome.k)
+            src.draft_step.add(step / st.target.t(1))  # type: ignore[attr-defined]
         self._in_sync = source if chosen > 0 else ""
         if self._t_mark is not None:
             ours = (now - self._t_mark) - outcome.target_s - outcome.draft_s

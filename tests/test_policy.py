@@ -200,7 +200,7 @@ def run_rounds(policy, n, accept_all, source="model"):
         ks.append(k)
         st = policy.state
         policy.observe(RoundOutcome(k, k if accept_all else 0, source,
-                                    st.target.t(k + 1), k * st.sources[source].draft_step.value))
+                                    st.target.t(k + 1), k * st.costs(source).draft))
     return ks
 
 
@@ -275,7 +275,19 @@ def test_online_costs_follow_the_rounds():
         # the machine is 3x slower than calibrated, and a draft step 10x dearer
         policy.observe(RoundOutcome(k, k, "model", 3 * 0.01 * FLAT_RATIOS[k], k * 0.005))
     assert st.target.t(1) == pytest.approx(0.03, rel=0.15)
-    assert st.sources["model"].draft_step.value == pytest.approx(0.005)
+    assert st.costs("model").draft == pytest.approx(0.005, rel=0.15)
+
+
+def test_draft_cost_follows_the_machine_while_paused():
+    """A draft cost learnt on a busy machine scales back with the target's T(1)."""
+    st = state_for(FLAT_RATIOS, t1=0.01, draft_ratio=0.2)
+    policy = AutoDraftLength(st)
+    for _ in range(20):  # busy: everything 5x slower
+        k = policy.choose("model")
+        policy.observe(RoundOutcome(k, k, "model", 5 * 0.01 * FLAT_RATIOS[k], k * 5 * 0.002))
+    for _ in range(40):  # quiet again, plain steps only
+        policy.observe(RoundOutcome(0, 0, "model", 0.01, 0.0))
+    assert st.costs("model").draft == pytest.approx(0.002, rel=0.2)
 
 
 # ----------------------------------------------------------------------------- real models
