@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .cpumeter import CpuMeter, loadavg
 from .errors import InvalidParameterError
-from .policy import MAX_DRAFT
+from .policy import DEFAULT_P_MIN, MAX_DRAFT
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -192,45 +193,6 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover
         pass
     return info
-
-
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):  # pragma: no cover - not on every platform
-        return None
-
-
-class CpuMeter:
-    """Share of the machine's CPU time used by OTHER processes between start()
-    and stop(): the bench's noise indicator (Linux /proc/stat; None elsewhere)."""
-
-    def __init__(self) -> None:
-        self._start: tuple[float, float, float] | None = None
-
-    @staticmethod
-    def _read() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat", encoding="ascii") as fh:
-                vals = [int(x) for x in fh.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        busy = (sum(vals[:8]) - vals[3] - vals[4]) / tick  # all but idle and iowait
-        t = os.times()
-        return busy, t.user + t.system, time.monotonic()
-
-    def start(self) -> None:
-        self._start = self._read()
-
-    def stop(self) -> float | None:
-        end = self._read()
-        if self._start is None or end is None:
-            return None
-        busy, own, wall = (e - s for e, s in zip(end, self._start))
-        if wall <= 0:
-            return None
-        return max(0.0, min(1.0, (busy - own) / (wall * (os.cpu_count() or 1))))
 
 
 def run_bench(
@@ -566,10 +528,8 @@ def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 
 def _bench_options(f: Callable) -> Callable:
-    try:
-        from .options import model_options
-    except ImportError:  # pragma: no cover - options.py is the lead's; fallback for safety
-        model_options = _fallback_model_options
+    from .options import RECALIBRATE_OPTION, model_options
+
     decorators = [
         model_options,
         click.option("--prompts", "prompts_path", metavar="FILE",
@@ -586,8 +546,9 @@ def _bench_options(f: Callable) -> Callable:
         click.option("--min-p", type=float, help="Drop tokens below min_p x the top probability."),
         click.option("--seed", type=click.IntRange(0), default=DEFAULT_SEED, show_default=True,
                      help="Seed of the first repetition (then +1 per repetition)."),
-        click.option("--p-min", type=click.FloatRange(0.0, 1.0), default=None,
-                     help="Draft confidence cutoff. [default: the decoder's]"),
+        click.option("--p-min", type=float,
+                     help=f"Draft confidence cutoff (0 = off). [default: {DEFAULT_P_MIN}]"),
+        RECALIBRATE_OPTION,
         click.option("--draft-mode", type=click.Choice(("model", "lookup", "hybrid")),
                      help="Who drafts: the draft model, prompt lookup, or both."),
         click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
@@ -604,16 +565,6 @@ def _bench_options(f: Callable) -> Callable:
                           "(needs matplotlib: specllama[plot])."),
     ]
     for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
-
-
-def _fallback_model_options(f: Callable) -> Callable:  # pragma: no cover
-    for decorator in reversed([
-        click.option("--pair", "pair_name"), click.option("--config", "config_path"),
-        click.option("--target"), click.option("--draft"),
-        click.option("--n-ctx", type=int), click.option("--threads", type=int),
-    ]):
         f = decorator(f)
     return f
 
@@ -648,8 +599,6 @@ def bench_command(**opts: Any) -> None:
                       "figures will be noisy")
     decoder, settings = open_decoder(opts, console)
     try:
-        if opts["p_min"] is not None:
-            decoder.p_min = opts["p_min"]
 
         def progress(msg: str) -> None:
             console.print(f"[dim]{msg}[/dim]")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cpumeter import CpuMeter
+
 if TYPE_CHECKING:
     from .backend import Model
 
@@ -42,6 +44,11 @@ MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 pass)
 MIN_PASSES, MAX_PASSES = 3, 9
 NOISY = 0.15  # T(1) samples this scattered (relative MAD): measured on a busy machine
+BUSY = 0.10  # other processes used this share of the CPU while measuring: not kept
+#: Online timings that put T(n)/T(1) this far (log scale, ~1.5x) from the cached
+#: curve, in at least STALE_MIN_SEEN decodes of such sizes, mean the curve is stale.
+STALE_LOG_RATIO = 0.4
+STALE_MIN_SEEN = 4
 WARMUP_TEXT = (
     "The committee reviewed the proposal in detail, asked for two changes to the budget, "
     "and agreed to meet again next week. def add(a, b):\n    return a + b\n"
@@ -275,11 +282,13 @@ class Calibration:
     key: dict[str, Any] = field(default_factory=dict)
     from_cache: bool = False
     measure_s: float = 0.0  # seconds spent measuring now (0 when cached)
-    path: Path | None = None  # the cache file (None when it could not be written)
+    path: Path | None = None  # the cache file (None when it was not written)
+    busy: float | None = None  # share of the CPU other processes used while measuring
 
     def to_dict(self) -> dict[str, Any]:
         return {"curve": self.curve.to_dict(), "key": self.key, "from_cache": self.from_cache,
-                "measure_s": self.measure_s, "path": str(self.path) if self.path else None}
+                "measure_s": self.measure_s, "path": str(self.path) if self.path else None,
+                "busy": self.busy}
 
 
 def _read(path: Path, key: dict[str, Any], max_n: int) -> CostCurve | None:
@@ -316,7 +325,8 @@ def calibrate(
     budget_s: float = DEFAULT_BUDGET_S,
 ) -> Calibration:
     """The cost curve of `model` up to max_n tokens: from the cache when it is
-    still valid, else measured now (and cached)."""
+    still valid (and use_cache), else measured now and cached unless the machine
+    was busy meanwhile."""
     max_n = max(1, min(max_n, model.n_batch))
     key = cache_key(model.path, model.n_threads)
     path = cache_path(model.path, model.n_threads)
@@ -324,14 +334,28 @@ def calibrate(
         curve = _read(path, key, max_n)
         if curve is not None:
             return Calibration(curve, key, True, 0.0, path)
+    meter = CpuMeter()
+    meter.start()
     t0 = time.perf_counter()
     curve = measure_curve(model, max_n, budget_s=budget_s)
     spent = time.perf_counter() - t0
+    busy = meter.stop()
     # A measurement taken while something else loaded the CPU is used now but not
     # kept: the next load measures again.
-    keep = use_cache and curve.max_n >= max_n and curve.noise <= NOISY
-    written = keep and _write(path, key, curve)
-    return Calibration(curve, key, False, spent, path if written else None)
+    quiet = curve.noise <= NOISY and (busy is None or busy <= BUSY)
+    written = curve.max_n >= max_n and quiet and _write(path, key, curve)
+    return Calibration(curve, key, False, spent, path if written else None, busy)
+
+
+def forget(path: str | os.PathLike[str] | None) -> bool:
+    """Delete a cached curve (found stale): the next load measures again."""
+    if not path:
+        return False
+    try:
+        Path(path).unlink()
+        return True
+    except OSError:
+        return False
 
 
 # ----------------------------------------------------------------------------- online
@@ -344,7 +368,9 @@ class OnlineCurve:
     machine got busier, the cache grew), is a trimmed mean of the last
     observations' log-ratios, so one stray slow decode moves little; r[n] is a
     slow per-size correction learnt only from decodes of that size, relative
-    to T(1) (r[1] = 0: were it learnt too, r[1] and g would drift apart at
+    to T(1), learnt fast at first (the calibration counts as one observation)
+    so a curve measured on a busy machine is corrected within a few rounds
+    (r[1] = 0: were it learnt too, r[1] and g would drift apart at
     random over a long run of plain steps, and with them every ratio). A median
     would not do for g: with two sizes alternating it jumps between their two
     clusters and the per-size corrections never learn the difference.
@@ -358,6 +384,7 @@ class OnlineCurve:
         self.base = base
         self.g = 0.0
         self.r: dict[int, float] = {}
+        self.seen: dict[int, int] = {}  # observations per size
         self._recent: deque[float] = deque(maxlen=self.WINDOW)
         self._pending: list[tuple[int, float]] = []
         self.observations = 0
@@ -387,13 +414,26 @@ class OnlineCurve:
     def _update(self, n: int, seconds: float) -> None:
         self.observations += 1
         x = math.log(seconds / self.base.t(n))
+        seen = self.seen[n] = self.seen.get(n, 0) + 1
         rn = self.r.get(n, 0.0)
+        # r[1] = 0 anchors the level in g; else r[1] and g drift in opposite ways.
+        # The error is judged against the level before this decode: judged after,
+        # a size's first decodes would move g instead of teaching r[n].
+        if n > 1:
+            e = max(-self.CLIP, min(self.CLIP, x - self.g - rn))
+            rn = self.r[n] = rn + max(self.RATE, 1.0 / (seen + 1)) * e
         self._recent.append(max(-self.CLIP, min(self.CLIP, x - rn)))
         self.g = trimmed_mean(self._recent)
-        if n == 1:
-            return  # r[1] = 0 anchors the level in g; else r[1] and g drift in opposite ways
-        e = max(-self.CLIP, min(self.CLIP, x - self.g - rn))
-        self.r[n] = rn + self.RATE * e
+
+    def stale(self) -> int | None:
+        """The size n whose observed cost relative to T(1) is furthest from the base
+        curve's, when the sizes that far off were seen often enough to trust: the
+        base was measured under other conditions (None when the base still holds)."""
+        self._flush()
+        off = {n: abs(rn) for n, rn in self.r.items() if abs(rn) >= STALE_LOG_RATIO}
+        if sum(self.seen.get(n, 0) for n in off) < STALE_MIN_SEEN:
+            return None
+        return max(off, key=off.__getitem__)
 
     def snapshot(self, max_n: int) -> list[float]:
         """[T(1), ..., T(max_n)] (cheap: one exp per size that has a correction)."""

@@ -66,6 +66,7 @@ SETTABLE = (
     "max_tokens",
     "draft_max",
     "draft_mode",
+    "p_min",
 )
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
 _FIXED_AT_LOAD = ("n_ctx", "threads")
@@ -415,6 +416,8 @@ class ChatSession:
         s = self.settings
         if key in _SAMPLING_FIELDS:
             s.sampling = dataclasses.replace(s.sampling, **{key: value})
+        elif key == "p_min":
+            s.p_min = self.decoder.p_min = value
         else:
             setattr(s, key, value)
         return key, value

@@ -261,6 +261,7 @@ class PairDefaults:
     min_p: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    p_min: float | None = None  # draft confidence cutoff (stop a draft below it)
 
     def as_dict(self) -> dict[str, Any]:
         """Only the settings that are set, in declaration order."""
@@ -424,6 +425,7 @@ _SETTING_CHECKS: dict[str, Callable[[Any], tuple[Any, str | None]]] = {
     "min_p": _float_in(0.0, 1.0),
     "max_tokens": _int_at_least(1),
     "seed": _int_at_least(0),
+    "p_min": _float_in(0.0, 1.0),
 }
 assert tuple(_SETTING_CHECKS) == SETTING_NAMES
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from .config import Pair, find_and_load_config, validate_setting
 from .errors import InvalidParameterError
+from .policy import DEFAULT_P_MIN
 from .sampling import SamplingParams
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -29,6 +30,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "min_p": 0.0,
     "max_tokens": 256,
     "seed": None,
+    "p_min": DEFAULT_P_MIN,
 }
 DRAFT_MODES = ("model", "lookup", "hybrid")
 
@@ -64,6 +66,14 @@ def model_options(f: Callable) -> Callable:
     return f
 
 
+RECALIBRATE_OPTION = click.option(
+    "--recalibrate",
+    is_flag=True,
+    help="Measure decode costs again for --draft-max auto instead of using the cached "
+    "ones (after a busy spell, or new hardware settings).",
+)
+
+
 def sampling_options(f: Callable) -> Callable:
     """Sampling and speculation settings."""
     decorators = [
@@ -83,6 +93,13 @@ def sampling_options(f: Callable) -> Callable:
             type=click.Choice(DRAFT_MODES),
             help="Who drafts: the draft model, prompt lookup, or both.",
         ),
+        click.option(
+            "--p-min",
+            type=float,
+            help=f"Stop a draft when the draft model's top token has less probability "
+            f"(0 = never; exact either way). [default {DEFAULT_P_MIN}]",
+        ),
+        RECALIBRATE_OPTION,
     ]
     for decorator in reversed(decorators):
         f = decorator(f)
@@ -99,6 +116,7 @@ class RunSettings:
     draft_mode: str
     n_ctx: int
     threads: int | None
+    p_min: float = DEFAULT_P_MIN
     pair: str | None = None
     target: str = ""
     draft: str = ""
@@ -118,6 +136,7 @@ class RunSettings:
             "max_tokens": self.max_tokens,
             "draft_max": self.draft_max,
             "draft_mode": self.draft_mode,
+            "p_min": self.p_min,
             "n_ctx": self.n_ctx,
             "threads": self.threads,
             "stop": list(self.stop),
@@ -134,6 +153,7 @@ SETTING_FLAGS = {
     "min_p": "--min-p",
     "seed": "--seed",
     "max_tokens": "--max-tokens",
+    "p_min": "--p-min",
 }
 
 
@@ -206,18 +226,26 @@ def open_decoder(opts: dict[str, Any], console: Console):
             "--draft-mode model needs a draft model, but this pair drafts by lookup"
         )
     names = choice.target.name + (f" + {choice.draft.name}" if choice.draft else "")
-    with spinner(console, f"loading {names}"):
+    with spinner(console, f"loading {names}") as say:
         decoder = SpeculativeDecoder.load(
             choice.target,
             choice.draft if choice.draft is not None else "lookup",
             n_ctx=merged["n_ctx"],
             n_threads=merged["threads"],
+            p_min=merged["p_min"],
         )
+        if merged["draft_max"] == "auto" or opts.get("recalibrate"):
+            # Here rather than at the first round, so the time shows as loading.
+            from .policy import AutoState
+
+            say("measuring decode costs (cached for next time)")
+            AutoState.for_decoder(decoder, refresh=bool(opts.get("recalibrate")))
     settings = RunSettings(
         sampling=sampling,
         max_tokens=merged["max_tokens"],
         draft_max=merged["draft_max"],
         draft_mode=draft_mode,
+        p_min=merged["p_min"],
         n_ctx=decoder.n_ctx,
         threads=decoder.target.n_threads,
         pair=choice.pair.name if choice.pair else None,

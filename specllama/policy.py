@@ -323,25 +323,28 @@ class AutoState:
         self.overhead_draft = RecentMedian(0.0)
         self.calibration = calibration or {}
         self._target_snapshot: tuple[float, ...] | None = None
+        #: Set once online timings contradict the calibrated curve (see observe_target).
+        self.stale_note = ""
 
     @classmethod
-    def for_decoder(cls, decoder: SpeculativeDecoder) -> AutoState:
-        """The decoder's state, created (and its models calibrated) on first use."""
+    def for_decoder(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
+        """The decoder's state, created (and its models calibrated) on first use;
+        refresh=True measures the costs again instead of reading the cache."""
         state = getattr(decoder, "_auto_state", None)
-        if state is None:
-            state = cls.calibrated(decoder)
+        if state is None or refresh:
+            state = cls.calibrated(decoder, refresh=refresh)
             decoder._auto_state = state  # type: ignore[attr-defined]
         return state
 
     @classmethod
-    def calibrated(cls, decoder: SpeculativeDecoder) -> AutoState:
+    def calibrated(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
         from .calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
 
-        target = calibrate(decoder.target, TARGET_MAX_N)
+        target = calibrate(decoder.target, TARGET_MAX_N, use_cache=not refresh)
         info = {"target": target.to_dict()}
         draft_step = catchup = 0.0
         if decoder.draft is not None:
-            draft = calibrate(decoder.draft, DRAFT_MAX_N)
+            draft = calibrate(decoder.draft, DRAFT_MAX_N, use_cache=not refresh)
             info["draft"] = draft.to_dict()
             draft_step = draft.curve.t(1)
             catchup = draft.curve.t(2) - draft.curve.t(1)
@@ -363,6 +366,26 @@ class AutoState:
     def observe_target(self, n: int, seconds: float) -> None:
         self.target.observe(n, seconds)
         self._target_snapshot = None
+        if n > 1 and not self.stale_note:
+            self._check_stale()
+
+    def _check_stale(self) -> None:
+        """When real decodes keep contradicting the cached curve (it was measured
+        while the machine was busy, say), drop the cache file so the next load
+        measures again; this run already follows the online estimate."""
+        from .calibration import forget
+
+        n = self.target.stale()
+        if n is None:
+            return
+        measured, cached = self.target.ratio(n), self.target.base.ratio(n)
+        path = (self.calibration.get("target") or {}).get("path")
+        forgotten = forget(path)
+        self.stale_note = (
+            f"calibration looked stale (verifying {n} tokens: {cached:.1f}x one token "
+            f"calibrated, {measured:.1f}x seen)"
+            + ("; it will be measured again at the next load" if forgotten else "")
+        )
 
 
 # ============================================================================ auto
@@ -497,6 +520,8 @@ class AutoDraftLength:
         if not self._tally:
             return "auto: nothing to draft with (target alone)"
         parts = [self._describe_source(s, t) for s, t in self._tally.items()]
+        if self.state.stale_note:
+            parts.append(self.state.stale_note)
         return "auto: " + " | ".join(parts)
 
     def _describe_source(self, source: str, tally: _Tally) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from rich.console import Console
@@ -103,10 +103,11 @@ def stats_footer(stats: Stats) -> Text:
 
 
 @contextlib.contextmanager
-def spinner(console: Console, message: str) -> Iterator[None]:
-    """A spinner on a terminal; one plain line otherwise."""
+def spinner(console: Console, message: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on a terminal (nothing otherwise); yields a function that changes
+    its message."""
     if console.is_terminal:
-        with console.status(message, spinner="dots"):
-            yield
+        with console.status(message, spinner="dots") as status:
+            yield status.update
     else:
-        yield
+        yield lambda _message: None

@@ -291,6 +291,8 @@ def test_set_validates_like_the_config_file(open_session):
     assert s.set("draft_max", "2") == ("draft_max", 2)
     assert s.set("seed", "3")[1] == 3 and s.set("seed", "none")[1] is None
     assert s.set("draft_mode", "hybrid") == ("draft_mode", "hybrid")
+    assert s.set("p-min", "0.4") == ("p_min", 0.4) and s.decoder.p_min == 0.4
+    assert s.settings.as_dict()["p_min"] == 0.4
     for name, value, fragment in [
         ("top_p", "1.5", "top_p: must be in (0, 1], got 1.5"),
         ("temperature", "warm", "temperature: must be a number"),
@@ -300,6 +302,7 @@ def test_set_validates_like_the_config_file(open_session):
         ("n_ctx", "100", "restart with --n-ctx"),
         ("temprature", "1", "did you mean temperature"),
         ("top_k", "", "needs a value"),
+        ("p_min", "2", "p_min: must be in [0, 1]"),
     ]:
         with pytest.raises(InvalidParameterError, match=re.escape(fragment)):
             s.set(name, value)

@@ -262,6 +262,8 @@ def test_invalid_toml(run, tmp_path):
         ("--draft-max", "1000", "--draft-max"),
         ("--draft-max", "lots", "--draft-max"),
         ("--temperature", "warm", "--temperature"),
+        ("--p-min", "1.5", "--p-min"),
+        ("--p-min", "-0.1", "--p-min"),
     ],
 )
 def test_out_of_range_settings(run, tiny, flag, value, fragment):
@@ -332,3 +334,37 @@ def test_model_mode_without_a_draft_model_is_an_error(run, tiny_target):
     result = run("generate", "hi", "--target", tiny_target, "--draft", "lookup",
                  "--draft-mode", "model")
     assert_one_line_error(result, "--draft-mode model needs a draft model")
+
+
+def test_p_min_flag_reaches_the_decoder_and_the_report(run, tiny, config):
+    r = run("generate", "Hello world", *tiny, "--raw", "--json", "--max-tokens", 4,
+            "--p-min", 0.5, "--draft-max", 2)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["settings"]["p_min"] == 0.5
+    default = json.loads(run("generate", "Hello", "--config", config, "--raw", "--json").stdout)
+    assert default["settings"]["p_min"] == 0.2
+
+
+def test_auto_calibrates_at_load_and_recalibrate_measures_again(run, tiny, tmp_path,
+                                                                 monkeypatch):
+    from specllama import calibration as cal
+
+    measured = []
+
+    def fake_measure(model, max_n, **kw):
+        measured.append(model.path.name)
+        return cal.CostCurve(tuple(0.01 * (1 + 0.5 * i) for i in range(max_n)), (1, max_n))
+
+    monkeypatch.setattr(cal, "measure_curve", fake_measure)
+    monkeypatch.setattr(cal, "BUSY", 1.0)  # keep what was measured even on a busy CI machine
+    env = {"SPECLLAMA_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("generate", "hi", *tiny, "--raw", "--json", "--max-tokens", 3, "--draft-max", "auto")
+    assert run(*args, env=env).exit_code == 0
+    assert len(measured) == 2  # target and draft, once
+    assert run(*args, env=env).exit_code == 0
+    assert len(measured) == 2  # cached
+    assert run(*args, "--recalibrate", env=env).exit_code == 0
+    assert len(measured) == 4  # measured again on request
+    assert run("generate", "hi", *tiny, "--raw", "--max-tokens", 3, "--draft-max", 2,
+               env=env).exit_code == 0
+    assert len(measured) == 4  # a fixed draft length needs no costs

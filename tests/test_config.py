@@ -301,10 +301,11 @@ DEFAULTS_ERRORS = [
     ("max_tokens = 0", "max_tokens: must be >= 1, got 0"),
     ("seed = -1", "seed: must be >= 0, got -1"),
     ("seed = 1.0", "seed: must be an integer, got float 1.0"),
+    ("p_min = 1.5", "p_min: must be in [0, 1], got 1.5"),
     (
         "temprature = 0.5",
         "temprature: unknown key (did you mean 'temperature'? expected one of: n_ctx, threads, "
-        "draft_max, temperature, top_k, top_p, min_p, max_tokens, seed)",
+        "draft_max, temperature, top_k, top_p, min_p, max_tokens, seed, p_min)",
     ),
 ]
 

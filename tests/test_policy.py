@@ -349,3 +349,36 @@ def test_no_probes_when_the_catch_up_would_eat_the_gain():
         ks = run_rounds(policy, 100, accept_all=False)
         off = ks.index(0)
         assert any(k > 0 for k in ks[off:]) == probes_expected
+
+
+def test_a_curve_calibrated_on_a_busy_machine_is_corrected_and_forgotten(tmp_path):
+    """Calibrated while another process ran, verifying 5 tokens looked cheaper than
+    one: the real rounds correct it within a few drafts, auto stops drafting, the
+    cached file is dropped so the next load measures again, and the note says so."""
+    cached = tmp_path / "curve.json"
+    cached.write_text("{}")
+    skewed = [1.0] + [0.6] * 15  # T(n)/T(1) as a busy calibration measured it
+    st = state_for(skewed, SMOL_T1, SMOL_DRAFT,
+                   calibration={"target": {"path": str(cached)}})
+    policy = AutoDraftLength(st)
+    ks = []
+    for _ in range(60):
+        k = policy.choose("model")
+        ks.append(k)
+        true_s = SMOL_T1 * SMOL_RATIOS[min(k, len(SMOL_RATIOS) - 1)]
+        policy.observe(RoundOutcome(k, k // 2, "model", true_s, k * SMOL_DRAFT * SMOL_T1))
+    assert ks[0] > 0  # the skewed curve made drafting look free
+    late = ks[-30:]
+    assert late.count(0) >= 27 and max(late) <= 2  # the real costs turned it off (short probes)
+    assert not cached.exists()
+    note = policy.describe()
+    assert "calibration looked stale" in note and "measured again at the next load" in note
+
+
+def test_a_sound_curve_is_not_called_stale(tmp_path):
+    cached = tmp_path / "curve.json"
+    cached.write_text("{}")
+    st = state_for(FLAT_RATIOS, calibration={"target": {"path": str(cached)}})
+    policy = AutoDraftLength(st)
+    run_rounds(policy, 60, accept_all=True)
+    assert cached.exists() and "stale" not in policy.describe()
