@@ -30,6 +30,22 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
     ) from exc
 
+
+def _logits_address_fn():
+    """llama_get_logits_ith returning a plain address. The row is read right after
+    a decode has flushed the CPU caches, where llama-cpp-python's POINTER(c_float)
+    result plus numpy.ctypeslib costs ~100 us a token; this is a few."""
+    try:
+        fn = lc.llama_cpp._lib["llama_get_logits_ith"]  # a fresh handle: ours to retype
+    except (AttributeError, KeyError, TypeError, OSError):  # pragma: no cover
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    fn.restype = ctypes.c_void_p
+    return fn
+
+
+_logits_address = _logits_address_fn()
+
 # llama.cpp's log goes into this ring instead of the terminal; the last lines
 # explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
 _LOG: deque[str] = deque(maxlen=64)
@@ -114,6 +130,8 @@ class Model:
         self._mem = lc.llama_get_memory(ctx)
         self._vocab = lc.llama_model_get_vocab(model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self._row_type = ctypes.c_float * self.n_vocab
+        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
 
         self.cached: list[int] = []  # token ids held by the KV cache, position = index
@@ -274,7 +292,12 @@ class Model:
 
     def logits_row(self, i: int) -> np.ndarray:
         """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
-        ptr = lc.llama_get_logits_ith(self._ctx, i)
+        if _logits_address is not None:
+            address = _logits_address(self._ctx_address, i)
+            if not address:
+                raise IndexError(f"no logits for row {i} of the last decode")
+            return np.frombuffer(self._row_type.from_address(address), dtype=np.float32)
+        ptr = lc.llama_get_logits_ith(self._ctx, i)  # pragma: no cover - no private handle
         if not ptr:
             raise IndexError(f"no logits for row {i} of the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -284,8 +307,9 @@ class Model:
         return int(lc.llama_memory_seq_pos_max(self._mem, 0))
 
     def truncate(self, n: int) -> None:
-        """Keep the first n cached tokens, drop the rest."""
-        if n < len(self.cached) or n <= self.pos_max():
+        """Keep the first n cached tokens, drop the rest (trusting `cached`: a cache
+        an interrupt may have left mid-update is sync_to's to repair)."""
+        if n < len(self.cached):
             self._drop_from(n)
             del self.cached[n:]
 
@@ -300,7 +324,8 @@ class Model:
         """Make the cache a prefix of `tokens`, keeping the longest common prefix it
         already holds (also repairs a cache left mid-update by an interrupt).
         Returns the number of tokens kept."""
-        limit = min(len(self.cached), len(tokens), self.pos_max() + 1)
+        real_end = self.pos_max() + 1
+        limit = min(len(self.cached), len(tokens), real_end)
         cached = self.cached
         if cached[:limit] == list(tokens[:limit]):  # the usual case, at C speed
             keep = limit
@@ -308,7 +333,9 @@ class Model:
             keep = 0
             while cached[keep] == tokens[keep]:
                 keep += 1
-        self.truncate(keep)
+        if keep < len(cached) or keep < real_end:
+            self._drop_from(keep)
+            del cached[keep:]
         return keep
 
 

@@ -61,6 +61,7 @@ class ModelDraft:
     def __init__(self, model: Model, p_min: float = 0.0) -> None:
         self.model = model
         self.p_min = p_min
+        self._drafted = False  # the model decoded since the last settle()
 
     def propose(
         self,
@@ -73,6 +74,7 @@ class ModelDraft:
         if k <= 0:
             return Draft()
         m = self.model
+        self._drafted = True
         # Keep what the cache shares with `committed`, but never `last` itself:
         # its logits are q_1, so it must be decoded now.
         kept = m.sync_to(committed)
@@ -99,7 +101,10 @@ class ModelDraft:
         return draft
 
     def settle(self, committed: list[int]) -> None:
-        self.model.sync_to(committed[:-1])
+        # A round without a draft leaves the cache a prefix of committed[:-1] already.
+        if self._drafted:
+            self.model.sync_to(committed[:-1])
+            self._drafted = False
 
 
 DRAFT_MODES: tuple[str, ...] = ("model", "lookup", "hybrid")

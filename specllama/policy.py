@@ -480,6 +480,17 @@ class AutoDraftLength:
     def observe(self, outcome: RoundOutcome) -> None:
         now = time.perf_counter()
         st = self.state
+        if outcome.k == 0 and not any(self._chosen.values()):
+            # A plain round nobody asked to draft in (paused): the fast path of the
+            # full bookkeeping below, which runs right after a decode, where every
+            # line of Python shows.
+            st.observe_target(1, outcome.target_s)
+            if self._t_mark is not None:
+                st.overhead_round.add((now - self._t_mark) - outcome.target_s - outcome.draft_s)
+            self._t_mark = now
+            self._in_sync = ""
+            self._chosen.clear()
+            return
         # The source that drafted: the outcome's, or (nothing drafted) the one that
         # was asked for a draft and stopped at once under the confidence cutoff.
         source = outcome.source

@@ -117,25 +117,32 @@ def _nucleus(z: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index from a probability vector by inverse CDF.
 
-    Two levels (blocks, then within one block) so a 50k–250k vocabulary costs one
-    vectorised sum instead of a full cumulative sum; the draw is the same inverse CDF.
+    `probs` may be unnormalised weights, float32 or float64: the draw is scaled by
+    their total. Two levels (blocks, then within one block) so a 50k–250k
+    vocabulary costs one vectorised sum instead of a full cumulative sum; the draw
+    is the same inverse CDF.
     """
     n = probs.shape[0]
     if n <= 4 * _BLOCK:
-        cdf = np.cumsum(probs)
+        cdf = np.cumsum(probs, dtype=np.float64)
         return _invert(probs, cdf, rng.random() * cdf[-1])
     full = n - n % _BLOCK
-    block_mass = probs[:full].reshape(-1, _BLOCK).sum(axis=1)
-    if full < n:
-        block_mass = np.append(block_mass, probs[full:].sum())
-    block_cdf = np.cumsum(block_mass)
-    u = rng.random() * block_cdf[-1]
+    # Block sums in the input's precision (256 terms, pairwise: ~1e-7 relative),
+    # accumulated in float64; every numpy call counts right after a decode.
+    block_mass = np.add.reduce(probs[:full].reshape(-1, _BLOCK), axis=1)
+    block_cdf = np.add.accumulate(block_mass, dtype=np.float64)
+    head = float(block_cdf[-1])
+    tail = float(np.add.reduce(probs[full:], dtype=np.float64)) if full < n else 0.0
+    u = rng.random() * (head + tail)
+    if u >= head and tail > 0.0:  # the last, partial block
+        rest = probs[full:]
+        return full + _invert(rest, np.cumsum(rest, dtype=np.float64), u - head)
     b = int(min(np.searchsorted(block_cdf, u, side="right"), block_cdf.shape[0] - 1))
     while block_mass[b] <= 0.0:  # u landed on a rounding edge next to an empty block
         b -= 1
     u -= block_cdf[b] - block_mass[b]
     block = probs[b * _BLOCK : (b + 1) * _BLOCK]
-    return b * _BLOCK + _invert(block, np.cumsum(block), u)
+    return b * _BLOCK + _invert(block, np.add.accumulate(block, dtype=np.float64), u)
 
 
 def _invert(probs: np.ndarray, cdf: np.ndarray, u: float) -> int:
@@ -144,6 +151,26 @@ def _invert(probs: np.ndarray, cdf: np.ndarray, u: float) -> int:
     if i >= probs.shape[0] or probs[i] <= 0.0:
         i = int(np.flatnonzero(probs[: min(i, probs.shape[0] - 1) + 1] > 0.0)[-1])
     return i
+
+
+def sample_logits(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from the processed distribution of `logits`: the same draw as
+    `sample(probabilities(logits, params), rng)` (one uniform, the same inverse CDF).
+
+    Plain decoding calls this once a token, right after a decode has flushed the
+    CPU caches, where every numpy call costs tens of microseconds: without filters
+    it samples the float32 weights exp((l - max) / T) as they are, skipping the
+    normalised float64 vector `probabilities` builds.
+    """
+    if params.greedy:
+        return int(np.argmax(logits))
+    n = logits.shape[-1]
+    if 0 < params.top_k < n or params.top_p < 1.0 or params.min_p > 0.0:
+        return sample(probabilities(logits, params), rng)
+    w = np.subtract(logits, np.maximum.reduce(logits), dtype=np.float32)
+    w *= np.float32(1.0 / params.temperature)
+    np.exp(w, out=w)
+    return sample(w, rng)
 
 
 def sample_from_logits(
@@ -184,20 +211,24 @@ def verify(
     drafts: list[int],
     qs: list[np.ndarray | None],
     rng: np.random.Generator,
+    draw: Callable[[int, np.random.Generator], int] | None = None,
 ) -> tuple[int, int]:
     """The acceptance rule over one draft.
 
     Returns (m, token): m drafts accepted left to right, then one more token: the
     correction drawn from the residual at the first rejection, or a bonus token
     drawn from p_{k+1} when all k are accepted. p rows are computed lazily so a
-    rejection at position 1 never processes the later rows.
+    rejection at position 1 never processes the later rows. `draw(i, rng)`, when
+    given, samples p_{i+1} directly (the bonus token, or the only token of a
+    round without drafts) and must equal `sample(p_rows(i), rng)` in distribution.
     """
     for i, d in enumerate(drafts):
         p = p_rows(i)
         if rng.random() < acceptance_probability(p, qs[i], d):
             continue
         return i, sample(residual(p, qs[i], d), rng)
-    return len(drafts), sample(p_rows(len(drafts)), rng)
+    k = len(drafts)
+    return k, draw(k, rng) if draw is not None else sample(p_rows(k), rng)
 
 
 def verify_greedy(argmax_rows: Callable[[int], int], drafts: list[int]) -> tuple[int, int]:

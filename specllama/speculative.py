@@ -29,7 +29,7 @@ from .events import (
     TokensAccepted,
 )
 from .policy import DraftMax, RoundOutcome, make_policy
-from .sampling import SamplingParams, probabilities, verify, verify_greedy
+from .sampling import SamplingParams, probabilities, sample_logits, verify, verify_greedy
 from .stats import Stats
 from .textstream import TextStream
 
@@ -218,6 +218,7 @@ class SpeculativeDecoder:
                         draft.tokens,
                         draft.qs,
                         rng,
+                        lambda i, r: sample_logits(target.logits_row(i), params, r),
                     )
 
                 # Commit d1..dm and x, stopping at end-of-generation or max_tokens.

@@ -9,6 +9,7 @@ from specllama.sampling import (
     probabilities,
     residual,
     sample,
+    sample_logits,
     verify,
     verify_greedy,
 )
@@ -185,3 +186,63 @@ def test_sample_never_returns_a_zero_probability_token_at_the_edges():
     probs = np.zeros(3000)
     probs[256] = 1.0  # the only mass at the first index of a block
     assert {sample(probs, rng) for _ in range(50)} == {256}
+
+
+def realistic_logits(rng, n=50_001):
+    """An LM-like row: a few strong candidates over a broad low background; n is not a
+    multiple of the block size, so the last, partial block is exercised too."""
+    logits = rng.normal(0.0, 2.0, n).astype(np.float32)
+    logits[rng.choice(n, 8, replace=False)] += rng.uniform(8, 14, 8).astype(np.float32)
+    logits[-3] += 12.0  # a strong candidate in the partial block at the end
+    return logits
+
+
+def test_sample_logits_is_the_same_draw_as_sampling_the_probabilities():
+    params = SamplingParams(temperature=0.8)
+    logits = realistic_logits(np.random.default_rng(3))
+    p = probabilities(logits, params)
+    same = sum(
+        sample_logits(logits, params, np.random.default_rng(seed))
+        == sample(p, np.random.default_rng(seed))
+        for seed in range(2000)
+    )
+    assert same >= 1995  # only a draw landing within float rounding of a CDF step may differ
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_sample_logits_follows_the_exact_distribution(temperature):
+    params = SamplingParams(temperature=temperature)
+    rng = np.random.default_rng(11)
+    logits = realistic_logits(rng)
+    z = logits.astype(np.float64) / temperature
+    p = softmax(z)
+    n = 10_000
+    draws = np.bincount([sample_logits(logits, params, rng) for _ in range(n)],
+                        minlength=logits.shape[0])
+    # chi-square over the tokens with an expected count >= 5, the rest pooled
+    big = n * p >= 5
+    observed = np.append(draws[big], draws[~big].sum())
+    expected = np.append(n * p[big], n * p[~big].sum())
+    chi2 = float(np.sum((observed - expected) ** 2 / expected))
+    dof = observed.shape[0] - 1
+    assert chi2 < dof + 5 * np.sqrt(2 * dof)  # about p = 1e-5 for these dof
+    assert draws[-3] > 0  # the partial block at the end is reachable
+
+
+def test_sample_logits_with_filters_and_greedy():
+    rng = np.random.default_rng(0)
+    logits = realistic_logits(rng)
+    assert sample_logits(logits, SamplingParams(temperature=0.0), rng) == int(np.argmax(logits))
+    top2 = set(np.argsort(-logits)[:2].tolist())
+    params = SamplingParams(temperature=1.0, top_k=2)
+    assert {sample_logits(logits, params, rng) for _ in range(200)} <= top2
+
+
+def test_sample_takes_unnormalised_float32_weights():
+    rng = np.random.default_rng(2)
+    w = np.zeros(5000, dtype=np.float32)
+    w[[3, 4999, 2048]] = [2.0, 1.0, 1.0]  # the last index sits in the partial block
+    n = 8000
+    draws = np.bincount([sample(w, rng) for _ in range(n)], minlength=5000)
+    assert set(np.flatnonzero(draws)) == {3, 2048, 4999}
+    np.testing.assert_allclose(draws[[3, 2048, 4999]] / n, [0.5, 0.25, 0.25], atol=0.02)
