@@ -519,8 +519,10 @@ class AutoDraftLength:
             m, k = outcome.accepted, outcome.k
             if m < k:
                 reached = m + 1  # rejected at m + 1
-            elif k < chosen and self.cutoff:
+            elif k < chosen and self.cutoff and source == "model":
                 reached = k + 1  # the cutoff stopped the draft at k + 1
+            # (a lookup draft stops short where the match's text ends or is too
+            # short to trust: that says nothing about acceptance)
             else:
                 reached = k
             src.acceptance.observe(reached, m)

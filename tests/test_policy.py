@@ -258,6 +258,18 @@ def test_cutoff_counts_as_a_miss():
     assert acc.accepted[2] == pytest.approx(0.0)  # ...and not accepted
 
 
+def test_a_short_lookup_draft_is_not_a_miss():
+    """A lookup draft ends where its match runs out, whatever p_min is: all accepted
+    means all accepted."""
+    st = state_for(FLAT_RATIOS, priors={"lookup": 0.9})
+    policy = AutoDraftLength(st, cutoff=True)
+    assert policy.choose("lookup") >= 3
+    policy.observe(RoundOutcome(2, 2, "lookup", 0.01, 0.0))  # the match gave 2 tokens
+    acc = st.sources["lookup"].acceptance
+    assert acc.reached[:3] == pytest.approx([1.0, 1.0, 0.0])
+    assert acc.accepted[:2] == pytest.approx([1.0, 1.0])
+
+
 def test_first_position_cutoff_is_attributed():
     st = state_for(FLAT_RATIOS)
     policy = AutoDraftLength(st, cutoff=True)
