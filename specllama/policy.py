@@ -88,6 +88,12 @@ class DraftLengthPolicy(Protocol):
         """One line for the stats: what the policy did and why."""
         ...
 
+    def may_draft(self, source: str = "model") -> bool:
+        """Whether this call may ask `source` for a draft at all. False lets the round
+        loop leave the draft model's share of the prompt for later: a draft model
+        catches up on its own the first time it drafts."""
+        ...
+
 
 # ============================================================================ simple policies
 
@@ -104,6 +110,9 @@ class FixedDraftLength:
 
     def describe(self) -> str:
         return "target alone (draft length 0)" if self.k == 0 else f"fixed draft length {self.k}"
+
+    def may_draft(self, source: str = "model") -> bool:
+        return self.k > 0
 
 
 class HeuristicDraftLength:
@@ -124,6 +133,9 @@ class HeuristicDraftLength:
 
     def describe(self) -> str:
         return f"heuristic draft length in [{self.k_min}, {self.k_max}] (+2 all accepted, -1 else)"
+
+    def may_draft(self, source: str = "model") -> bool:
+        return True
 
 
 # ============================================================================ the math
@@ -416,7 +428,9 @@ class AutoDraftLength:
     _chosen: dict[str, int] = field(default_factory=dict)
     _tally: dict[str, _Tally] = field(default_factory=dict)
     _t_mark: float | None = None
-    _in_sync: str | None = None  # source of the last round's draft ("" none; None: first round)
+    # source of the last round's draft ("" none): a draft model that did not draft then
+    # (or ever, its prompt share deferred) catches up first, which is no draft step
+    _in_sync: str = ""
 
     @classmethod
     def for_decoder(cls, decoder: SpeculativeDecoder, **kwargs) -> AutoDraftLength:
@@ -466,6 +480,18 @@ class AutoDraftLength:
         self._chosen[source] = k
         return k
 
+    def may_draft(self, source: str = "model") -> bool:
+        """False only where drafting from `source` could not pay even at the
+        optimistic acceptance that gates probes: then it will not draft at all
+        unless the measured costs change."""
+        st = self.state
+        src = st.source(source)
+        costs = st.costs(source)
+        if decide(src.acceptance.rates(), costs, st.k_max, self.margin).speculate:
+            return True
+        margin = self.margin + self._probe_price(source, costs)
+        return decide(self._optimistic(src), costs, st.k_max, margin).speculate
+
     def _optimistic(self, src: _SourceState) -> float:
         return min(0.95, max(self.optimistic_alpha, src.acceptance.overall))
 
@@ -500,7 +526,7 @@ class AutoDraftLength:
         src = st.source(source)
 
         st.observe_target(outcome.k + 1, outcome.target_s)
-        if outcome.draft_s > 0.0 and self._in_sync in (None, source):
+        if outcome.draft_s > 0.0 and self._in_sync == source:
             # Only when the draft model was in step: after rounds without it, its
             # first decode catches up on several tokens, which a probe pays but
             # steady drafting does not.

@@ -166,11 +166,19 @@ class SpeculativeDecoder:
         if not keep_cache:
             self.reset()
 
-        # Prompt: everything but the last token goes into both caches now (into
-        # the target's only in lookup mode, which never reads the draft model).
+        # Prompt: everything but the last token goes into the target's cache now,
+        # and into the draft model's only if it may draft in this call: where it
+        # cannot pay (or in lookup mode) it is never read, and should the policy
+        # change its mind, ModelDraft.propose catches the cache up first.
         t0 = time.perf_counter()
         reused = []
-        for m in models if mode != "lookup" else [self.target]:
+        eager = [self.target]
+        if self.draft is not None:
+            if mode != "lookup" and policy.may_draft("model"):
+                eager.append(self.draft)
+            else:  # cut to what it shares with this prompt: every cache stays a prefix
+                self.draft.sync_to(committed[:-1])
+        for m in eager:
             kept = m.sync_to(committed[:-1])
             reused.append(kept)
             m.decode(committed[kept:-1], "none")

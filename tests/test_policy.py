@@ -394,3 +394,27 @@ def test_a_sound_curve_is_not_called_stale(tmp_path):
     policy = AutoDraftLength(st)
     run_rounds(policy, 60, accept_all=True)
     assert cached.exists() and "stale" not in policy.describe()
+
+
+def test_auto_defers_the_draft_prompt_only_where_drafting_cannot_pay(dec):
+    """The SmolLM2 costs on this machine: drafting cannot pay even at 90% acceptance,
+    so the draft model never sees the prompt; flat costs: it does, up front."""
+    saved = getattr(dec, "_auto_state", None)
+    try:
+        for ratios, t1, draft, evaluated in ((SMOL_RATIOS, SMOL_T1, SMOL_DRAFT, False),
+                                             (FLAT_RATIOS, 0.01, 0.05, True)):
+            dec._auto_state = state_for(ratios, t1, draft)
+            assert AutoDraftLength.for_decoder(dec).may_draft("model") == evaluated
+            before = dec.draft.tokens_evaluated
+            stream = dec.stream("Once upon a time there was", max_tokens=3, draft_max="auto",
+                                sampling=SamplingParams(temperature=0.0))
+            next(stream)  # the prompt is in
+            assert (dec.draft.tokens_evaluated > before) == evaluated
+            stream.close()
+    finally:
+        dec._auto_state = saved
+
+
+def test_simple_policies_say_whether_they_draft():
+    assert not FixedDraftLength(0).may_draft() and FixedDraftLength(3).may_draft()
+    assert HeuristicDraftLength().may_draft("model")

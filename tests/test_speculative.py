@@ -260,3 +260,41 @@ def test_target_alone_without_draft_model(tiny_target):
     res = d.generate("Hello world", max_tokens=10, sampling=GREEDY, draft_max=4)
     assert res.stats.drafted == 0 and res.stats.target_steps == len(res.tokens)
     d.close()
+
+
+# ------------------------------------------------------------------- deferred draft prompt
+
+
+def test_target_alone_never_evaluates_the_draft_model(dec):
+    before = dec.draft.tokens_evaluated
+    res = dec.generate("Once upon a time there was a", max_tokens=12, sampling=GREEDY,
+                       draft_max=0)
+    assert dec.draft.tokens_evaluated == before
+    assert dec.target.cached == dec.tokenize("Once upon a time there was a") + res.tokens[:-1]
+
+
+def test_a_lagging_draft_model_catches_up_when_it_drafts(dec):
+    """A conversation whose first turns ran without drafting: the draft model's cache
+    holds nothing of it, catches up at its first draft, and the output is still the
+    target's (greedy identity) with both caches consistent."""
+    prompt = dec.tokenize("The quick brown fox")
+    first = dec.generate(prompt, max_tokens=10, sampling=GREEDY, draft_max=0)
+    assert dec.draft.cached == []  # reset at the start of the call, never filled
+    history = prompt + first.tokens + dec.tokenize(" and then")[1:]
+    before = dec.draft.tokens_evaluated
+    spec = dec.generate(history, max_tokens=20, sampling=GREEDY, draft_max=3, keep_cache=True)
+    assert dec.draft.tokens_evaluated - before >= len(history) - 1  # it caught up
+    base = dec.generate(history, max_tokens=20, sampling=GREEDY, draft_max=0)
+    assert spec.tokens == base.tokens
+    spec = dec.generate(history, max_tokens=20, sampling=GREEDY, draft_max=3, keep_cache=True)
+    committed = history + spec.tokens
+    assert dec.target.cached == committed[:-1]
+    assert dec.draft.cached == committed[: len(dec.draft.cached)]
+
+
+def test_fixed_k_evaluates_the_draft_prompt_up_front(dec):
+    prompt = dec.tokenize("Once upon a time there was a")
+    events = dec.stream(prompt, max_tokens=4, sampling=GREEDY, draft_max=2)
+    next(events)  # PromptEvaluated
+    assert dec.draft.cached == prompt[:-1]
+    events.close()
