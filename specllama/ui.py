@@ -39,7 +39,16 @@ class TokenPrinter:
         self.color = color
         self._console = Console(file=self.out, highlight=False, soft_wrap=True,
                                 force_terminal=color or None, no_color=not color)
+        # The escape codes around a piece of text in each style, rendered by rich once:
+        # printing every token through rich costs ~0.15 ms, a write costs nothing.
+        self._codes = {style: self._codes_for(style) for style in (ACCEPTED, TARGET)}
         self.printed = ""
+
+    def _codes_for(self, style: str) -> tuple[str, str]:
+        with self._console.capture() as captured:
+            self._console.print(Text("\0", style=style), end="")
+        before, _, after = captured.get().partition("\0")
+        return before, after
 
     def show(self, event: Event) -> None:
         if isinstance(event, TokensAccepted):
@@ -56,11 +65,10 @@ class TokenPrinter:
             return
         self.printed += text
         if self.color and style:
-            self._console.print(Text(text, style=style), end="")
-            self._console.file.flush()
-        else:
-            self.out.write(text)
-            self.out.flush()
+            before, after = self._codes[style]
+            text = before + text + after
+        self.out.write(text)
+        self.out.flush()
 
     def legend(self) -> Text:
         return Text.assemble(("accepted draft", ACCEPTED), "  ", ("from target", TARGET))
