@@ -431,6 +431,7 @@ class AutoDraftLength:
     # source of the last round's draft ("" none): a draft model that did not draft then
     # (or ever, its prompt share deferred) catches up first, which is no draft step
     _in_sync: str = ""
+    _plain_rounds: int = 0  # paused rounds so far (the fast path times every 4th)
 
     @classmethod
     def for_decoder(cls, decoder: SpeculativeDecoder, **kwargs) -> AutoDraftLength:
@@ -509,10 +510,14 @@ class AutoDraftLength:
         if outcome.k == 0 and not any(self._chosen.values()):
             # A plain round nobody asked to draft in (paused): the fast path of the
             # full bookkeeping below, which runs right after a decode, where every
-            # line of Python shows.
-            st.observe_target(1, outcome.target_s)
-            if self._t_mark is not None:
-                st.overhead_round.add((now - self._t_mark) - outcome.target_s - outcome.draft_s)
+            # line of Python shows. Costs move slowly: every 4th such round is timed.
+            self._plain_rounds += 1
+            if not self._plain_rounds & 3:
+                st.observe_target(1, outcome.target_s)
+                if self._t_mark is not None:
+                    st.overhead_round.add(
+                        (now - self._t_mark) - outcome.target_s - outcome.draft_s
+                    )
             self._t_mark = now
             self._in_sync = ""
             self._chosen.clear()
