@@ -133,6 +133,13 @@ def load_error(excinfo) -> str:
     return message
 
 
+def target_error(pair) -> str:
+    """The one-line message resolving the pair's target fails with."""
+    with pytest.raises(ModelLoadError) as info:
+        resolve_source(pair.target, pair=pair)
+    return load_error(info)
+
+
 CLI = hf_cli()
 
 
@@ -448,9 +455,8 @@ def test_glob_of_split_gguf_resolves_to_the_first_part(tmp_path, hf_cache):
 def test_split_gguf_with_a_part_missing_says_which(tmp_path, hf_cache):
     add_to_cache(hf_cache, QWEN, {SHARD1: GGUF_BYTES})
     pair = hf_pair(tmp_path, f"hf://{QWEN}/qwen2.5-7b-instruct-q4_k_m*.gguf", name="qwen7b")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'qwen7b': {QWEN}/{SHARD2} is not in the Hugging Face cache "
         f"(~/.cache/huggingface/hub) and downloads are off (HF_HUB_OFFLINE=1); "
         f"run: {CLI} download {QWEN} {SHARD2}"
@@ -476,9 +482,8 @@ def test_missing_file_gives_the_exact_command(tmp_path):
 
 def test_missing_split_gguf_names_all_parts(tmp_path):
     pair = hf_pair(tmp_path, f"hf://{QWEN}/{SHARD1}")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': 2 files of {QWEN} ({SHARD1}, {SHARD2}) are not in the "
         "Hugging Face cache (~/.cache/huggingface/hub) and downloads are off "
         f"(HF_HUB_OFFLINE=1); run: {CLI} download {QWEN} {SHARD1} {SHARD2}"
@@ -488,9 +493,8 @@ def test_missing_split_gguf_names_all_parts(tmp_path):
 def test_glob_with_no_cached_match(tmp_path, hf_cache):
     add_to_cache(hf_cache, QWEN, {"qwen2.5-7b-instruct-q8_0.gguf": GGUF_BYTES})
     pair = hf_pair(tmp_path, f"hf://{QWEN}/*q4_k_m*.gguf")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': no file matching \"*q4_k_m*.gguf\" from {QWEN} is in the "
         "Hugging Face cache (~/.cache/huggingface/hub) and downloads are off "
         f"(HF_HUB_OFFLINE=1); run: {CLI} download {QWEN} --include '*q4_k_m*.gguf' "
@@ -524,9 +528,8 @@ def test_revision_from_refs_or_a_commit_hash(tmp_path, hf_cache):
         assert path == tagged / DRAFT_FILE and path.read_bytes().endswith(b"v1")
     # a revision that is not cached
     pair = pair_at("v2")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info).endswith(f"run: {CLI} download {QWEN_DRAFT} {DRAFT_FILE} --revision v2")
+    message = target_error(pair)
+    assert message.endswith(f"run: {CLI} download {QWEN_DRAFT} {DRAFT_FILE} --revision v2")
 
 
 def test_a_dangling_snapshot_link_is_not_cached(tmp_path, hf_cache):
@@ -541,9 +544,8 @@ def test_a_dangling_snapshot_link_is_not_cached(tmp_path, hf_cache):
 def test_a_cached_file_that_is_not_gguf(tmp_path, hf_cache):
     snapshot = add_to_cache(hf_cache, QWEN_DRAFT, {DRAFT_FILE: b"<html>rate limited</html>"})
     pair = hf_pair(tmp_path, f"hf://{QWEN_DRAFT}/{DRAFT_FILE}")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': {snapshot / DRAFT_FILE} is not a GGUF file (it starts "
         "with b'<htm', not b'GGUF'); llama.cpp needs .gguf models "
         f"(set by pairs.p.target in {tmp_path}/models.toml)"
@@ -553,9 +555,8 @@ def test_a_cached_file_that_is_not_gguf(tmp_path, hf_cache):
 def test_without_huggingface_hub_an_uncached_model_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     pair = hf_pair(tmp_path, f"hf://{QWEN_DRAFT}/{DRAFT_FILE}")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': {QWEN_DRAFT}/{DRAFT_FILE} is not in the Hugging Face "
         "cache (~/.cache/huggingface/hub) and downloading it needs the huggingface_hub "
         "package; install it with: pip install 'huggingface-hub>=0.20'"
@@ -745,9 +746,8 @@ def test_a_missing_part_is_downloaded_beside_the_cached_one(tmp_path, hf_cache, 
 
 def test_download_glob_with_no_match_in_the_repo(tmp_path, hub):
     pair = hf_pair(tmp_path, f"hf://{QWEN}/*IQ2_XS*.gguf")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': no file in {QWEN} matches \"*IQ2_XS*.gguf\"; its .gguf "
         f"files: {SHARD1}, {SHARD2}, qwen2.5-7b-instruct-q8_0.gguf "
         f"(set by pairs.p.target in {tmp_path}/models.toml)"
@@ -757,9 +757,7 @@ def test_download_glob_with_no_match_in_the_repo(tmp_path, hub):
 def hub_failure(tmp_path, hub, error, target=f"hf://{QWEN_DRAFT}/{DRAFT_FILE}") -> str:
     hub.error = error
     pair = hf_pair(tmp_path, target)
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    return load_error(info)
+    return target_error(pair)
 
 
 def test_no_network_is_offline(tmp_path, hub):
@@ -790,10 +788,9 @@ def test_offline_mode_fixed_at_import_time(tmp_path, hub):
 
 def test_unknown_repo(tmp_path, hub):
     pair = hf_pair(tmp_path, "hf://nobody/nothing-GGUF/x.gguf")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
+    message = target_error(pair)
     login = "hf auth login" if CLI == "hf" else "huggingface-cli login"
-    assert load_error(info) == (
+    assert message == (
         "target model of pair 'p': there is no Hugging Face repository nobody/nothing-GGUF "
         f"(or it is private: log in with `{login}`) "
         f"(set by pairs.p.target in {tmp_path}/models.toml)"
@@ -810,9 +807,8 @@ def test_gated_repo(tmp_path, hub):
 
 def test_unknown_file_in_the_repo(tmp_path, hub):
     pair = hf_pair(tmp_path, f"hf://{QWEN_DRAFT}/nope.gguf")
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info) == (
+    message = target_error(pair)
+    assert message == (
         f"target model of pair 'p': {QWEN_DRAFT} has no file nope.gguf; see its files at "
         f"https://huggingface.co/{QWEN_DRAFT}/tree/main "
         f"(set by pairs.p.target in {tmp_path}/models.toml)"
@@ -826,9 +822,8 @@ def test_unknown_revision(tmp_path, hub):
         f'target = {{ hf = "{QWEN_DRAFT}", file = "{DRAFT_FILE}", revision = "v9" }}\n'
         'draft = "lookup"\n',
     )
-    with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
-    assert load_error(info).startswith(
+    message = target_error(pair)
+    assert message.startswith(
         f"target model of pair 'p': {QWEN_DRAFT} has no revision 'v9'"
     )
 
