@@ -468,8 +468,7 @@ class AutoDraftLength:
             src.hold = AutoState.RECHECK - 1
             src.since_probe += 1
             if src.since_probe >= src.probe_every:
-                hopeful = decide(self._optimistic(src), costs, st.k_max,
-                                 self.margin + self._probe_price(source, costs))
+                hopeful = self._hopeful(source, costs)
                 src.since_probe = 0
                 src.probe_every = min(AutoState.PROBE_MAX, 2 * src.probe_every)
                 if hopeful.speculate:
@@ -490,11 +489,17 @@ class AutoDraftLength:
         costs = st.costs(source)
         if decide(src.acceptance.rates(), costs, st.k_max, self.margin).speculate:
             return True
-        margin = self.margin + self._probe_price(source, costs)
-        return decide(self._optimistic(src), costs, st.k_max, margin).speculate
+        return self._hopeful(source, costs).speculate
 
     def _optimistic(self, src: _SourceState) -> float:
         return min(0.95, max(self.optimistic_alpha, src.acceptance.overall))
+
+    def _hopeful(self, source: str, costs: RoundCosts) -> Decision:
+        """The decision at the optimistic acceptance, with the probe's own price on
+        top of the margin: whether probing (or drafting at all) could pay."""
+        alpha = self._optimistic(self.state.source(source))
+        margin = self.margin + self._probe_price(source, costs)
+        return decide(alpha, costs, self.state.k_max, margin)
 
     def _probe_price(self, source: str, costs: RoundCosts) -> float:
         """The share of a paused stretch's time a probe adds: the draft model lags one
@@ -589,9 +594,8 @@ class AutoDraftLength:
                    f"drafting {k} would run at {d.speedup:.2f}x the target alone")
             if tally.probes:
                 msg += f" (probed {tally.probes}x)"
-            elif not decide(hope := self._optimistic(src), costs, st.k_max,
-                            self.margin + self._probe_price(source, costs)).speculate:
-                msg += (f"; even at {hope:.0%} acceptance it would not pay,"
+            elif not self._hopeful(source, costs).speculate:
+                msg += (f"; even at {self._optimistic(src):.0%} acceptance it would not pay,"
                         " so no probes")
             return msg
         mean_k = tally.k_sum / max(1, tally.drafted)

@@ -171,20 +171,16 @@ class SpeculativeDecoder:
         # cannot pay (or in lookup mode) it is never read, and should the policy
         # change its mind, ModelDraft.propose catches the cache up first.
         t0 = time.perf_counter()
-        reused = []
-        eager = [self.target]
+        prefix = committed[:-1]
+        reused = self.target.sync_to(prefix)
+        self.target.decode(prefix[reused:], "none")
         if self.draft is not None:
+            kept = self.draft.sync_to(prefix)  # every cache stays a prefix of the history
             if mode != "lookup" and policy.may_draft("model"):
-                eager.append(self.draft)
-            else:  # cut to what it shares with this prompt: every cache stays a prefix
-                self.draft.sync_to(committed[:-1])
-        for m in eager:
-            kept = m.sync_to(committed[:-1])
-            reused.append(kept)
-            m.decode(committed[kept:-1], "none")
-        stats.prompt_reused = reused[0]
+                self.draft.decode(prefix[kept:], "none")
+        stats.prompt_reused = reused
         stats.prompt_s = time.perf_counter() - t0
-        yield PromptEvaluated(n_prompt, reused[0], stats.prompt_s)
+        yield PromptEvaluated(n_prompt, reused, stats.prompt_s)
 
         text = TextStream(self.target.piece, stop)
         generated: list[int] = []
