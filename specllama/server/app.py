@@ -1,0 +1,285 @@
+"""The HTTP API: starlette routes answering in OpenAI's shapes, streams as server-sent
+events (sse-starlette), every failure as an OpenAI-shaped JSON error."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import Finished, SpecLlamaError, TargetToken, TextFlushed, TokensAccepted
+from .prompts import Defaults, Work, build_work
+from .responses import Chunks, completion, figures, new_id
+from .schema import APIError, ChatRequest, CompletionRequest, parse
+from .worker import Failure, Job, QueueFull, ShuttingDown, Worker
+
+MAX_BODY = 4 * 2**20
+# A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
+# its 413 instead of a connection reset halfway through sending.
+_DRAIN_LIMIT = 4 * MAX_BODY
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_id: str  # the pair's name; what clients send as `model`
+    defaults: Defaults
+    draft_max: int | str
+    draft_mode: str
+    api_key: str | None = None
+    max_waiting: int = 8  # requests queued behind the one being served; more get 503
+    target: str = ""  # file names, shown by /v1/models
+    draft: str = ""
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _endpoint(
+    method: Callable[[Any, Request], Awaitable[Response]],
+) -> Callable[[Any, Request], Awaitable[Response]]:
+    """APIError -> its JSON answer; anything unexpected -> a 500 in the same shape and
+    one line in the server's log, never a traceback to the client or a dead server."""
+
+    @functools.wraps(method)
+    async def wrapper(self: _API, request: Request) -> Response:
+        try:
+            return await method(self, request)
+        except APIError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            self.log(f"internal error on {request.method} {request.url.path}: "
+                     f"{type(exc).__name__}: {exc}")
+            return error_response(APIError(500, "internal server error", type="server_error"))
+
+    return wrapper
+
+
+class _API:
+    def __init__(self, worker: Worker, config: ServeConfig, log: Callable[[str], None]) -> None:
+        self.worker = worker
+        self.config = config
+        self.log = log
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ routes
+    async def health(self, request: Request) -> Response:
+        w = self.worker
+        return JSONResponse({
+            "status": "ok",
+            "model": self.config.model_id,
+            "busy": w.busy,
+            "waiting": w.waiting,
+            "requests": w.totals.as_dict(),
+            "cache": w.cache,
+        })
+
+    @_endpoint
+    async def models(self, request: Request) -> Response:
+        self._authorize(request)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    @_endpoint
+    async def model(self, request: Request) -> Response:
+        self._authorize(request)
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(self._model_card())
+
+    @_endpoint
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, ChatRequest)
+
+    @_endpoint
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest)
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        what = "no such endpoint" if exc.status_code == 404 else str(exc.detail).lower()
+        return error_response(APIError(
+            exc.status_code, f"{what}: {request.method} {request.url.path}",
+            code="not_found" if exc.status_code == 404 else None,
+        ))
+
+    # ---------------------------------------------------------------- helpers
+    def _model_card(self) -> dict[str, Any]:
+        w = self.worker
+        return {
+            "id": self.config.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "specllama",
+            "speculative": {
+                "target": self.config.target,
+                "draft": self.config.draft,
+                "n_ctx": w.decoder.n_ctx,
+                "draft_max": w.draft_max,
+                "draft_mode": w.draft_mode,
+            },
+        }
+
+    def _authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), key.encode()
+        ):
+            raise APIError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer KEY' "
+                "with the key the server was started with (--api-key)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def _check_model(self, model: str) -> None:
+        if model != self.config.model_id:
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist here; this server serves "
+                f"{self.config.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def _generate(self, request: Request, kind: type[Any]) -> Response:
+        self._authorize(request)
+        req = parse(await _read_body(request), kind)
+        self._check_model(req.model)
+        work = await run_in_threadpool(
+            build_work, self.worker.decoder, self.config.defaults, req
+        )
+        rid = new_id(work.kind)
+        try:
+            job = self.worker.submit(work, f"{request.url.path} {rid}")
+        except QueueFull as exc:
+            raise APIError(
+                503,
+                "the server is busy: too many requests are waiting; retry later",
+                type="server_error",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except ShuttingDown:
+            raise _shutting_down() from None
+        if req.stream:
+            return EventSourceResponse(
+                self._stream(job, work, rid, req.include_usage), sep="\n"
+            )
+        return JSONResponse(await self._complete(job, work, rid, request))
+
+    def _figures(self, job: Job, result: Any) -> dict[str, Any]:
+        w = self.worker
+        return figures(result, draft_max=w.draft_max, draft_mode=w.draft_mode,
+                       queue_s=job.queue_s)
+
+    async def _complete(self, job: Job, work: Work, rid: str, request: Request) -> dict[str, Any]:
+        # A client that hangs up while waiting or generating cancels its job.
+        watcher = asyncio.create_task(_disconnected(request))
+        watcher.add_done_callback(lambda _: job.cancel())
+        result = None
+        try:
+            async for item in job.items():
+                if isinstance(item, Failure):
+                    raise _failure(item.error)
+                if isinstance(item, Finished):
+                    result = item.result
+        finally:
+            watcher.cancel()
+        if result is None:
+            raise _shutting_down()
+        return completion(work, rid, self.config.model_id, result, self._figures(job, result))
+
+    async def _stream(
+        self, job: Job, work: Work, rid: str, include_usage: bool
+    ) -> AsyncIterator[dict[str, str]]:
+        chunks = Chunks(work, rid, self.config.model_id, include_usage)
+        try:
+            first = chunks.start()
+            if first is not None:
+                yield _sse(first)
+            async for item in job.items():
+                if isinstance(item, Failure):
+                    yield _sse(_failure(item.error).body())
+                    return
+                if isinstance(item, (TokensAccepted, TargetToken, TextFlushed)):
+                    if item.text:
+                        yield _sse(chunks.text(item.text))
+                elif isinstance(item, Finished):
+                    for chunk in chunks.end(item.result, self._figures(job, item.result)):
+                        yield _sse(chunk)
+            yield {"data": "[DONE]"}
+        finally:
+            # The client went away (sse-starlette cancels this generator) or the
+            # stream ended: either way the job must not run on.
+            job.cancel()
+
+
+def create_app(worker: Worker, config: ServeConfig, log: Callable[[str], None]) -> Starlette:
+    api = _API(worker, config, log)
+    routes = [
+        Route("/health", api.health),
+        Route("/v1/models", api.models),
+        Route("/v1/models/{model_id:path}", api.model),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: api.not_found})
+
+
+async def _read_body(request: Request) -> bytes:
+    too_large = APIError(
+        413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _DRAIN_LIMIT:
+        raise too_large
+    size, parts = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY:
+            parts.append(chunk)
+        elif size > _DRAIN_LIMIT:
+            break
+    if size > MAX_BODY:
+        raise too_large
+    return b"".join(parts)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(body: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(body, ensure_ascii=False)}
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="server_error",
+                    code="shutting_down", headers={"Retry-After": "5"})
+
+
+def _failure(error: BaseException) -> APIError:
+    if isinstance(error, ShuttingDown):
+        return _shutting_down()
+    if isinstance(error, SpecLlamaError):
+        return APIError(400, str(error))
+    return APIError(500, f"generation failed: {type(error).__name__}: {error}",
+                    type="server_error")

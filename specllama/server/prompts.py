@@ -1,0 +1,131 @@
+"""A validated request -> the work for the decoder: prompt tokens and settings.
+
+Runs on the event loop's thread pool while the worker may be decoding: tokenizing and
+rendering a chat template read only the vocabulary, which llama.cpp allows concurrently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .. import InvalidParameterError, SamplingParams, SpeculativeDecoder
+from .schema import APIError, ChatRequest, CompletionRequest
+
+# Used when the target has no chat template, as `specllama chat` does.
+PLAIN_STOP = ("\nUser:",)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for the fields it leaves out: the server's settings."""
+
+    sampling: SamplingParams
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Work:
+    kind: Literal["chat", "completion"]
+    tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+
+
+def build_work(
+    decoder: SpeculativeDecoder, defaults: Defaults, req: ChatRequest | CompletionRequest
+) -> Work:
+    if isinstance(req, ChatRequest):
+        kind: Literal["chat", "completion"] = "chat"
+        tokens, extra_stop = chat_tokens(decoder, req)
+        param = "messages"
+    else:
+        kind, tokens, extra_stop, param = "completion", decoder.tokenize(req.text()), (), "prompt"
+    if not tokens:
+        raise APIError(400, "the prompt is empty", param=param)
+    n_ctx = decoder.n_ctx
+    if len(tokens) >= n_ctx:
+        raise APIError(
+            400,
+            f"the prompt is {len(tokens)} tokens but the context window holds {n_ctx}; "
+            "shorten it (or restart the server with a larger --n-ctx)",
+            param=param,
+            code="context_length_exceeded",
+        )
+    max_tokens = req.token_limit or defaults.max_tokens
+    if max_tokens > n_ctx:
+        limit_param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) \
+            else "max_tokens"
+        raise APIError(
+            400,
+            f"{limit_param} is too large: {max_tokens}; the context window holds {n_ctx} tokens",
+            param=limit_param,
+        )
+    base = defaults.sampling
+    try:
+        sampling = SamplingParams(
+            temperature=base.temperature if req.temperature is None else req.temperature,
+            top_k=base.top_k if req.top_k is None else req.top_k,
+            top_p=base.top_p if req.top_p is None else req.top_p,
+            min_p=base.min_p if req.min_p is None else req.min_p,
+            seed=base.seed if req.seed is None else req.seed,
+        )
+    except InvalidParameterError as exc:
+        raise APIError(400, str(exc)) from None
+    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop)
+
+
+def chat_tokens(decoder: SpeculativeDecoder, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
+    """The conversation in the target's chat template (as `specllama chat` renders it);
+    a plain 'User: / Assistant:' format when the target has none."""
+    target = decoder.target
+    turns = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in req.messages
+    ]
+    if target.chat_template() is None:
+        return decoder.tokenize(_plain(turns)), PLAIN_STOP
+    try:
+        rendered = target.format_chat(turns)
+    except Exception as exc:  # a template can fail in any jinja2 way
+        folded = _render_folded(target, turns)
+        if folded is None:
+            raise APIError(
+                400,
+                f"the model's chat template refused these messages: {_one_line(exc)}",
+                param="messages",
+            ) from None
+        rendered = folded
+    return target.tokenize_chat(rendered), ()
+
+
+def _render_folded(target: Any, turns: list[dict[str, Any]]) -> str | None:
+    """Templates that refuse the system role (Gemma's, Mistral's) get it prepended to
+    the first user message instead; None when that does not help either."""
+    system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
+    rest = [t for t in turns if t["role"] != "system"]
+    if len(rest) == len(turns):
+        return None
+    for i, turn in enumerate(rest):
+        if turn["role"] == "user":
+            rest[i] = {**turn, "content": f"{system}\n\n{turn['content']}"}
+            break
+    try:
+        return target.format_chat(rest)
+    except Exception:
+        return None
+
+
+def _plain(turns: list[dict[str, Any]]) -> str:
+    parts = []
+    for t in turns:
+        if t["role"] == "system":
+            parts.append(f"{t['content']}\n\n")
+        else:
+            parts.append(f"{'User' if t['role'] == 'user' else 'Assistant'}: {t['content']}\n")
+    return "".join(parts) + "Assistant:"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,142 @@
+"""Request bodies of the OpenAI API (the fields specllama honours) and OpenAI-shaped errors.
+
+Status codes: 400 for a body that is not UTF-8 JSON or a value out of its range (as
+OpenAI answers), 422 for JSON of the wrong shape (a missing field, a wrong type).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Pydantic error types that mean "a value out of range" rather than "the wrong shape".
+_RANGE_ERRORS = {
+    "greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
+}
+
+
+class APIError(Exception):
+    """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Body(BaseModel):
+    # Clients send fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Request(_Body):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # llama.cpp's extension; 0 = off
+    min_p: float | None = Field(None, ge=0, le=1)  # llama.cpp's extension
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1)  # one choice per request
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Request):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def parse(body: bytes, kind: type[_Request]) -> Any:
+    """The request body as `kind`, or an APIError saying what is wrong with it."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(
+            400,
+            f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, "
+            f"column {exc.colno})",
+        ) from None
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = [str(part) for part in first["loc"]]
+        where = ".".join(loc)
+        status = 400 if first["type"] in _RANGE_ERRORS else 422
+        message = f"{where}: {first['msg']}" if where else first["msg"]
+        raise APIError(status, message, param=loc[0] if loc else None) from None

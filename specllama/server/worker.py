@@ -1,0 +1,266 @@
+"""One decoder, many clients: a single worker thread serves jobs from a bounded FIFO queue.
+
+The engine's `stream()` is a blocking generator, so it runs here, never on the event
+loop; its events go to the waiting request through an asyncio queue fed with
+`call_soon_threadsafe`. A job cancelled (client gone, server stopping) closes its
+generator at the next event, between rounds: the engine then puts both KV caches back
+to a prefix of what was committed, so the next request is served correctly. Every
+generation keeps its cache (`keep_cache=True`): a request that resends the conversation
+so far is evaluated only from where it differs from the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import Event, SpeculativeDecoder, Stats
+from .prompts import Work
+
+
+class QueueFull(Exception):
+    """Too many requests are waiting; `retry_after` is a guess in seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"{retry_after}")
+        self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    """The server is stopping and takes no more work."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The generation raised; the request answers with this error."""
+
+    error: BaseException
+
+
+_END = object()
+
+
+class Job:
+    """One request's generation, seen from both sides."""
+
+    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, label: str) -> None:
+        self.work = work
+        self.label = label
+        self._loop = loop
+        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+        self.queue_s = 0.0
+
+    def cancel(self) -> None:
+        """Stop at the next round (or never start); safe from any thread, any time."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def put(self, item: Any) -> None:  # worker thread
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening any more
+            pass
+
+    async def items(self) -> AsyncIterator[Event | Failure]:
+        """The job's events, then the end."""
+        while True:
+            item = await self._items.get()
+            if item is _END:
+                return
+            yield item
+
+
+@dataclass
+class Totals:
+    """What the server did, for /health and the summary at exit."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0  # 503: queue full or shutting down
+    busy_s: float = 0.0
+    stats: Stats = field(default_factory=Stats)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "cancelled": self.cancelled,
+            "failed": self.failed,
+            "rejected": self.rejected,
+            "tokens": self.stats.tokens,
+        }
+
+
+class Worker:
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        *,
+        max_waiting: int,
+        draft_max: int | str,
+        draft_mode: str,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.draft_max = draft_max
+        self.draft_mode = draft_mode
+        self.totals = Totals()
+        self._log = log or (lambda _: None)
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self._lock = threading.Lock()
+        self._current: Job | None = None
+        self._closing = False
+        self._history: list[int] = []  # the last prompt + what was generated for it
+        self.cache: dict[str, Any] = {"history": 0, "consistent": True}
+        self._thread = threading.Thread(target=self._run, name="specllama-decoder", daemon=True)
+
+    # ------------------------------------------------------------ event-loop side
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    def submit(self, work: Work, label: str) -> Job:
+        job = Job(work, asyncio.get_running_loop(), label)
+        with self._lock:
+            if self._closing:
+                self.totals.rejected += 1
+                raise ShuttingDown
+            try:
+                self._jobs.put_nowait(job)
+            except queue.Full:
+                self.totals.rejected += 1
+                raise QueueFull(self._retry_after()) from None
+        return job
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
+        done = self.totals.completed + self.totals.cancelled + self.totals.failed
+        mean = self.totals.busy_s / done if done else 1.0
+        return max(1, math.ceil(mean * (self.waiting + 1)))
+
+    def stop_accepting(self) -> None:
+        """From now on new and waiting requests are answered 'shutting down'.
+        Plain assignment: this runs inside a signal handler."""
+        self._closing = True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel the current job, turn away the waiting ones, stop the thread."""
+        self._closing = True
+        current = self._current
+        if current is not None:
+            current.cancel()
+        if self._thread.is_alive():
+            self._jobs.put(None, timeout=timeout)  # frees up: the worker drains the queue
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ worker thread
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self._closing:
+                job.put(Failure(ShuttingDown()))
+                job.put(_END)
+                with self._lock:
+                    self.totals.rejected += 1
+                continue
+            self._current = job
+            try:
+                self._serve(job)
+            finally:
+                self._current = None
+                job.put(_END)
+
+    def _serve(self, job: Job) -> None:
+        started = time.perf_counter()
+        job.queue_s = started - job.submitted
+        if job.cancelled:  # the client left while waiting
+            with self._lock:
+                self.totals.cancelled += 1
+            return
+        decoder, work = self.decoder, job.work
+        before = decoder.last_result
+        stream = decoder.stream(
+            work.tokens,
+            max_tokens=work.max_tokens,
+            sampling=work.sampling,
+            draft_max=self.draft_max,
+            draft_mode=self.draft_mode,  # type: ignore[arg-type]
+            stop=work.stop,
+            keep_cache=True,
+        )
+        failed: Exception | None = None
+        try:
+            for event in stream:
+                if job.cancelled:
+                    break
+                job.put(event)
+        except Exception as exc:
+            failed = exc
+            job.put(Failure(exc))
+        finally:
+            stream.close()  # GeneratorExit in the engine: caches back to a committed prefix
+        result = decoder.last_result if decoder.last_result is not before else None
+        if result is not None:
+            self._history = list(work.tokens) + list(result.tokens)
+        self.cache = self._cache_report()
+        with self._lock:
+            t = self.totals
+            t.busy_s += time.perf_counter() - started
+            if failed is not None:
+                t.failed += 1
+            elif job.cancelled or result is None or result.finish_reason == "interrupted":
+                t.cancelled += 1
+            else:
+                t.completed += 1
+            if result is not None:
+                t.stats.merge(result.stats)
+        self._log(self._summary(job, result, failed))
+
+    def _cache_report(self) -> dict[str, Any]:
+        """Each KV cache against the token history: consistent means each holds a prefix
+        of it and llama.cpp agrees on its length (the chat REPL's invariant)."""
+        history = self._history
+        out: dict[str, Any] = {"history": len(history)}
+        ok = True
+        for name, model in (("target", self.decoder.target), ("draft", self.decoder.draft)):
+            if model is None:
+                continue
+            n = len(model.cached)
+            ok = ok and model.cached == history[:n] and model.pos_max() + 1 == n
+            out[name] = n
+        out["consistent"] = ok
+        return out
+
+    @staticmethod
+    def _summary(job: Job, result: Any, failed: Exception | None) -> str:
+        if failed is not None:
+            return f"{job.label}: failed: {type(failed).__name__}: {failed}"
+        if result is None:
+            return f"{job.label}: cancelled before it began"
+        s = result.stats
+        return (
+            f"{job.label}: {result.finish_reason}, {s.prompt_tokens} prompt tokens "
+            f"({s.prompt_reused} cached), {s.tokens} generated, acceptance "
+            f"{s.acceptance_rate:.0%}, {s.tokens_per_step:.2f} tokens/step, "
+            f"{s.tokens_per_s:.1f} tok/s, queued {job.queue_s:.2f} s"
+        )
