@@ -169,12 +169,14 @@ def serve(opts: dict[str, Any]) -> None:
     /v1/completions, /v1/models, /health) until Ctrl-C."""
     from pathlib import Path
 
+    from rich.markup import escape
+
     from . import server
 
     err = stderr_console()
     if not server.is_loopback(opts["host"]) and not opts["api_key"]:
-        err.print(f"[yellow]warning:[/yellow] serving on {opts['host']} without --api-key: "
-                  "anyone who can reach this machine can use it")
+        err.print(f"[yellow]warning:[/yellow] serving on {escape(opts['host'])} without "
+                  "--api-key: anyone who can reach this machine can use it")
     sock = server.listen(opts["host"], opts["port"])
     decoder, settings = open_decoder(opts, err)
     model_id = settings.pair or Path(settings.target).stem
@@ -191,13 +193,13 @@ def serve(opts: dict[str, Any]) -> None:
     totals = server.serve(
         decoder, config, sock,
         on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
-                                       highlight=False),
-        log=lambda line: err.print(line, markup=False, highlight=False, style="dim"),
+                                       markup=False),
+        log=lambda line: err.print(line, markup=False, style="dim"),
     )
     decoder.close()
     t = totals
     err.print(f"stopped: {t.completed} completed, {t.cancelled} cancelled, {t.failed} failed, "
-              f"{t.rejected} turned away (503)", highlight=False)
+              f"{t.rejected} turned away (503)")
     if t.stats.target_steps:
         err.print(stats_table(t.stats, title="all requests"))
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -27,6 +28,8 @@ from .schema import APIError, ChatRequest, CompletionRequest, parse
 from .worker import Failure, Job, QueueFull, ShuttingDown, Worker
 
 MAX_BODY = 4 * 2**20
+# Seconds a request in progress may take to finish once the server is told to stop.
+GRACE_S = 30
 # A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
 # its 413 instead of a connection reset halfway through sending.
 _DRAIN_LIMIT = 4 * MAX_BODY
@@ -178,8 +181,13 @@ class _API:
         except ShuttingDown:
             raise _shutting_down() from None
         if req.stream:
+            # On shutdown sse-starlette sets `stopping` and waits for the stream to end.
+            stopping = anyio.Event()
             return EventSourceResponse(
-                self._stream(job, work, rid, req.include_usage), sep="\n"
+                self._stream(job, work, rid, req.include_usage, stopping),
+                sep="\n",
+                shutdown_event=stopping,
+                shutdown_grace_period=GRACE_S,
             )
         return JSONResponse(await self._complete(job, work, rid, request))
 
@@ -206,9 +214,12 @@ class _API:
         return completion(work, rid, self.config.model_id, result, self._figures(job, result))
 
     async def _stream(
-        self, job: Job, work: Work, rid: str, include_usage: bool
+        self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event
     ) -> AsyncIterator[dict[str, str]]:
+        """The server stopping cuts the generation at the next round; the stream still
+        ends properly (a last chunk with the figures, then [DONE])."""
         chunks = Chunks(work, rid, self.config.model_id, include_usage)
+        stopper = asyncio.create_task(_cancel_when(stopping, job))
         try:
             first = chunks.start()
             if first is not None:
@@ -227,6 +238,7 @@ class _API:
         finally:
             # The client went away (sse-starlette cancels this generator) or the
             # stream ended: either way the job must not run on.
+            stopper.cancel()
             job.cancel()
 
 
@@ -259,6 +271,11 @@ async def _read_body(request: Request) -> bytes:
     if size > MAX_BODY:
         raise too_large
     return b"".join(parts)
+
+
+async def _cancel_when(event: anyio.Event, job: Job) -> None:
+    await event.wait()
+    job.cancel()
 
 
 async def _disconnected(request: Request) -> None:

@@ -53,15 +53,15 @@ def build_work(
             param=param,
             code="context_length_exceeded",
         )
-    max_tokens = req.token_limit or defaults.max_tokens
-    if max_tokens > n_ctx:
-        limit_param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) \
+    asked = req.token_limit
+    if asked is not None and asked > n_ctx:
+        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) \
             else "max_tokens"
         raise APIError(
-            400,
-            f"{limit_param} is too large: {max_tokens}; the context window holds {n_ctx} tokens",
-            param=limit_param,
+            400, f"{name} is too large: {asked}; the context window holds {n_ctx} tokens",
+            param=name,
         )
+    max_tokens = asked or defaults.max_tokens
     base = defaults.sampling
     try:
         sampling = SamplingParams(

@@ -1,9 +1,9 @@
 """Running the API: a listening socket, uvicorn, and a clean stop on Ctrl-C / SIGTERM.
 
 On the first signal the server stops accepting connections, waiting requests are
-answered 503, a non-streaming request in progress finishes, a stream in progress is
-closed (sse-starlette ends streams on uvicorn's exit flag); then the worker stops and
-`serve` returns the totals. A second Ctrl-C stops at once.
+answered 503, a non-streaming request in progress finishes, a stream in progress ends at
+the next round (sse-starlette sees uvicorn's exit flag and tells the stream); then the
+worker stops and `serve` returns the totals. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ from types import FrameType
 import uvicorn
 
 from .. import SpecLlamaError, SpeculativeDecoder
-from .app import ServeConfig, create_app
+from .app import GRACE_S, ServeConfig, create_app
 from .worker import Totals, Worker
-
-# Seconds a request in progress may take to finish once the server is told to stop.
-GRACE_S = 30
 
 
 class ServeError(SpecLlamaError):

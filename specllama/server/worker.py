@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import Event, SpeculativeDecoder, Stats
+from .. import Event, Finished, SpeculativeDecoder, Stats
 from .prompts import Work
 
 
@@ -117,7 +117,8 @@ class Worker:
         self.draft_mode = draft_mode
         self.totals = Totals()
         self._log = log or (lambda _: None)
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self._jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by submit()
         self._lock = threading.Lock()
         self._current: Job | None = None
         self._closing = False
@@ -143,11 +144,10 @@ class Worker:
             if self._closing:
                 self.totals.rejected += 1
                 raise ShuttingDown
-            try:
-                self._jobs.put_nowait(job)
-            except queue.Full:
+            if self._jobs.qsize() >= self.max_waiting:
                 self.totals.rejected += 1
-                raise QueueFull(self._retry_after()) from None
+                raise QueueFull(self._retry_after())
+            self._jobs.put(job)
         return job
 
     def _retry_after(self) -> int:
@@ -168,7 +168,7 @@ class Worker:
         if current is not None:
             current.cancel()
         if self._thread.is_alive():
-            self._jobs.put(None, timeout=timeout)  # frees up: the worker drains the queue
+            self._jobs.put(None)
             self._thread.join(timeout)
 
     # ------------------------------------------------------------ worker thread
@@ -209,17 +209,21 @@ class Worker:
             keep_cache=True,
         )
         failed: Exception | None = None
+        finished = False
         try:
             for event in stream:
                 if job.cancelled:
                     break
                 job.put(event)
+                finished = isinstance(event, Finished)
         except Exception as exc:
             failed = exc
             job.put(Failure(exc))
         finally:
             stream.close()  # GeneratorExit in the engine: caches back to a committed prefix
         result = decoder.last_result if decoder.last_result is not before else None
+        if result is not None and not finished and failed is None:
+            job.put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
         self.cache = self._cache_report()
