@@ -119,6 +119,7 @@ class Worker:
         self._log = log or (lambda _: None)
         self.max_waiting = max_waiting
         self._jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by submit()
+        self._in_flight = 0  # submitted and not yet done: the one served + the waiting
         self._lock = threading.Lock()
         self._current: Job | None = None
         self._closing = False
@@ -144,9 +145,10 @@ class Worker:
             if self._closing:
                 self.totals.rejected += 1
                 raise ShuttingDown
-            if self._jobs.qsize() >= self.max_waiting:
+            if self._in_flight > self.max_waiting:
                 self.totals.rejected += 1
                 raise QueueFull(self._retry_after())
+            self._in_flight += 1
             self._jobs.put(job)
         return job
 
@@ -154,7 +156,7 @@ class Worker:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
         done = self.totals.completed + self.totals.cancelled + self.totals.failed
         mean = self.totals.busy_s / done if done else 1.0
-        return max(1, math.ceil(mean * (self.waiting + 1)))
+        return max(1, math.ceil(mean * self._in_flight))
 
     def stop_accepting(self) -> None:
         """From now on new and waiting requests are answered 'shutting down'.
@@ -182,12 +184,15 @@ class Worker:
                 job.put(_END)
                 with self._lock:
                     self.totals.rejected += 1
+                    self._in_flight -= 1
                 continue
             self._current = job
             try:
                 self._serve(job)
             finally:
                 self._current = None
+                with self._lock:
+                    self._in_flight -= 1
                 job.put(_END)
 
     def _serve(self, job: Job) -> None:
