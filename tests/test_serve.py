@@ -349,6 +349,7 @@ def test_the_openai_client_raises_its_own_errors(server, client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=server.model, prompt="hi", temperature=9)
     assert info.value.body["param"] == "temperature"
+    assert "Traceback" not in server.stderr  # after every bad request and disconnect above
 
 
 def test_api_key(start):
