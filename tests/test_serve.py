@@ -474,3 +474,28 @@ def test_load_8_clients_5_requests_each(start, queue):
           f"p95 {p95 * 1000:.0f} ms; RSS {rss_before // 1024} -> {rss_after // 1024} MiB")
     assert rss_after - rss_before < 32 * 1024, (rss_before, rss_after)
     assert server.stop() == 0
+
+
+# ------------------------------------------------------------------- the default pair
+
+
+@pytest.mark.slow
+def test_the_default_pair_answers_as_generate_does(smollm2_path, tmp_path):
+    question = "What is 2 + 2?"
+    server = ServerProcess(["--threads", 2, "--n-ctx", 1024, "--draft-max", 3], tmp_path)
+    try:
+        assert server.model == "smollm2"
+        reply = server.client(timeout=300).chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=24,
+            messages=[{"role": "user", "content": question}])
+        assert server.stop() == 0
+    finally:
+        server.kill()
+    result = CliRunner().invoke(
+        cli, ["generate", question, "--json", "--temperature", "0", "--max-tokens", "24",
+              "--threads", "2", "--n-ctx", "1024", "--draft-max", "3"],
+        env={"SPECLLAMA_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.exit_code == 0, result.output
+    assert reply.choices[0].message.content == json.loads(result.stdout)["text"]
+    figures = reply.model_extra["speculative"]
+    assert figures["drafted"] > 0 and figures["tokens_per_step"] > 1
