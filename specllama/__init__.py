@@ -5,6 +5,18 @@
     res = dec.generate("Hello", max_tokens=64, sampling=SamplingParams(seed=1), draft_max=4)
 """
 
+from .engine.decoder import GenerationResult, SpeculativeDecoder
+from .engine.events import (
+    DraftProposed,
+    Event,
+    Finished,
+    PromptEvaluated,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from .engine.sampling import SamplingParams
+from .engine.stats import Stats
 from .errors import (
     ConfigError,
     ContextOverflowError,
@@ -14,18 +26,6 @@ from .errors import (
     ModelLoadError,
     SpecLlamaError,
 )
-from .events import (
-    DraftProposed,
-    Event,
-    Finished,
-    PromptEvaluated,
-    TargetToken,
-    TextFlushed,
-    TokensAccepted,
-)
-from .sampling import SamplingParams
-from .speculative import GenerationResult, SpeculativeDecoder
-from .stats import Stats
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
-from specllama.bench import (
+from specllama.cli.bench import (
     BenchPrompt,
     bench_command,
     builtin_prompts,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specllama import calibration as cal
-from specllama.backend import Model
-from specllama.calibration import (
+from specllama.engine.llama import Model
+from specllama.policy import calibration as cal
+from specllama.policy.calibration import (
     CostCurve,
     OnlineCurve,
     RecentMedian,

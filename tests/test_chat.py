@@ -25,8 +25,8 @@ from specllama import (
     SpeculativeDecoder,
     TokensAccepted,
 )
-from specllama.chat import ChatREPL, ChatSession, parse_setting
-from specllama.options import RunSettings
+from specllama.cli.chat import ChatREPL, ChatSession, parse_setting
+from specllama.cli.options import RunSettings
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|\r")
@@ -524,8 +524,8 @@ def test_bad_flags_are_one_line_errors(tiny_target, tmp_path):
 
 @pytest.mark.slow
 def test_two_turns_with_smollm2(smollm2_path):
-    from specllama.config import find_and_load_config
-    from specllama.sources import resolve_pair
+    from specllama.models.config import find_and_load_config
+    from specllama.models.sources import resolve_pair
 
     target, draft = resolve_pair(find_and_load_config().pair("smollm2"))
     dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)

@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-import specllama.sampling as sampling_module
+import specllama.engine.sampling as sampling_module
 from specllama import SamplingParams, SpeculativeDecoder
-from specllama.backend import Model
-from specllama.sampling import probabilities
+from specllama.engine.llama import Model
+from specllama.engine.sampling import probabilities
 
 RUNS = 3000
 PROMPT_TEXT = "the cat sat on the"

@@ -9,7 +9,7 @@ import pytest
 from test_exactness import RUNS, exact_first_two, goodness_of_fit
 from test_speculative import PROMPTS, top_two_gap
 
-import specllama.sampling as sampling_module
+import specllama.engine.sampling as sampling_module
 from specllama import (
     DraftProposed,
     Finished,
@@ -19,10 +19,10 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.backend import Model
-from specllama.drafting import Draft, ModelDraft, make_strategy
-from specllama.lookup import HybridDraft, LookupDraft, NgramIndex
-from specllama.sampling import probabilities
+from specllama.engine.drafts import Draft, ModelDraft, make_strategy
+from specllama.engine.llama import Model
+from specllama.engine.lookup import HybridDraft, LookupDraft, NgramIndex
+from specllama.engine.sampling import probabilities
 
 GREEDY = SamplingParams(temperature=0.0)
 

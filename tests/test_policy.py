@@ -7,8 +7,7 @@ import random
 import pytest
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
-from specllama.calibration import CostCurve
-from specllama.policy import (
+from specllama.policy.auto import (
     AcceptanceEstimate,
     AutoDraftLength,
     AutoState,
@@ -21,6 +20,7 @@ from specllama.policy import (
     expected_tokens,
     make_policy,
 )
+from specllama.policy.calibration import CostCurve
 
 # DESIGN.md section 5: SmolLM2-135M Q4_1 on this 2-core machine, T(n)/T(1).
 SMOL_RATIOS = [1.0, 1.8, 2.2, 2.6, 3.3, 3.5, 3.8, 4.5, 5.0, 5.5, 6.0, 6.6, 7.2, 7.8, 8.3, 8.8]

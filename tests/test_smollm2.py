@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
-from specllama.backend import Model
 from specllama.cli import cli
-from specllama.config import find_and_load_config
-from specllama.sources import resolve_pair
+from specllama.engine.llama import Model
+from specllama.models.config import find_and_load_config
+from specllama.models.sources import resolve_pair
 
 pytestmark = pytest.mark.slow
 

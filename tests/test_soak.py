@@ -12,8 +12,8 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.chat import ChatSession, HistoryTrimmed
-from specllama.options import RunSettings
+from specllama.cli.chat import ChatSession, HistoryTrimmed
+from specllama.cli.options import RunSettings
 
 TURNS = 36
 LINES = ["hello world", "the cat and the dog", "what is that", "tell me some more",

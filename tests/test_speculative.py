@@ -15,7 +15,7 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.backend import Model
+from specllama.engine.llama import Model
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -15,10 +15,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from .config import Pair, find_and_load_config, validate_setting
-from .errors import InvalidParameterError
-from .policy import DEFAULT_P_MIN
-from .sampling import SamplingParams
+from ..engine.sampling import SamplingParams
+from ..errors import InvalidParameterError
+from ..models.config import Pair, find_and_load_config, validate_setting
+from ..policy.auto import DEFAULT_P_MIN
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "n_ctx": 2048,
@@ -179,7 +179,7 @@ class ModelChoice:
 
 def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> ModelChoice:
     """The files to load, from --target/--draft or a pair in models.toml."""
-    from .sources import check_gguf_file, resolve_pair
+    from ..models.sources import check_gguf_file, resolve_pair
 
     if opts.get("target"):
         if opts.get("pair_name"):
@@ -205,7 +205,7 @@ def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> Mode
 def open_decoder(opts: dict[str, Any], console: Console):
     """Resolve models and settings, load both models with a spinner; returns
     (decoder, RunSettings)."""
-    from .speculative import SpeculativeDecoder
+    from ..engine.decoder import SpeculativeDecoder
     from .ui import spinner
 
     def progress(message: str) -> None:
@@ -236,7 +236,7 @@ def open_decoder(opts: dict[str, Any], console: Console):
         )
         if merged["draft_max"] == "auto" or opts.get("recalibrate"):
             # Here rather than at the first round, so the time shows as loading.
-            from .policy import AutoState
+            from ..policy.auto import AutoState
 
             say("measuring decode costs (cached for next time)")
             AutoState.for_decoder(decoder, refresh=bool(opts.get("recalibrate")))

@@ -41,9 +41,18 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from .config import validate_setting
-from .errors import ContextOverflowError, InvalidParameterError, SpecLlamaError
-from .events import Event, Finished, PromptEvaluated, TargetToken, TextFlushed, TokensAccepted
+from ..engine.decoder import GenerationResult, SpeculativeDecoder
+from ..engine.events import (
+    Event,
+    Finished,
+    PromptEvaluated,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from ..engine.stats import Stats
+from ..errors import ContextOverflowError, InvalidParameterError, SpecLlamaError
+from ..models.config import validate_setting
 from .options import (
     DRAFT_MODES,
     RunSettings,
@@ -52,8 +61,6 @@ from .options import (
     pass_options,
     sampling_options,
 )
-from .speculative import GenerationResult, SpeculativeDecoder
-from .stats import Stats
 from .ui import TokenPrinter, stats_footer, stats_table, stderr_console
 
 # Settings `/set` can change while the models stay loaded.

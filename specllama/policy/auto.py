@@ -37,11 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    from ..engine.decoder import SpeculativeDecoder
     from .calibration import CostCurve
-    from .speculative import SpeculativeDecoder
 
 DraftMax = int | Literal["auto", "heuristic"]
 MAX_DRAFT = 64

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cpumeter import CpuMeter, loadavg
-from .errors import InvalidParameterError
-from .policy import DEFAULT_P_MIN, MAX_DRAFT
-from .sampling import SamplingParams
+from ..engine.sampling import SamplingParams
+from ..errors import InvalidParameterError
+from ..policy.auto import DEFAULT_P_MIN, MAX_DRAFT
+from ..policy.cpumeter import CpuMeter, loadavg
 
 if TYPE_CHECKING:
-    from .speculative import SpeculativeDecoder
+    from ..engine.decoder import SpeculativeDecoder
 
 BENCH_VERSION = 1
 DEFAULT_MODES = "target,1,2,4,auto"
@@ -182,7 +182,7 @@ def _geomean(xs: Sequence[float]) -> float:
 
 
 def machine_info() -> dict[str, Any]:
-    from .calibration import _cpu_model
+    from ..policy.calibration import _cpu_model
 
     info: dict[str, Any] = {"node": platform.node(), "cpu": _cpu_model(),
                             "cpu_count": os.cpu_count(), "python": platform.python_version()}
@@ -224,7 +224,7 @@ def run_bench(
 
     calibration: dict[str, Any] = {}
     if any(m.draft_max == "auto" for m in modes):
-        from .policy import AutoState
+        from ..policy.auto import AutoState
 
         say("calibrating decode costs")
         calibration = AutoState.for_decoder(decoder).calibration

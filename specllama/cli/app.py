@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from .errors import InvalidParameterError, SpecLlamaError
-from .events import Finished
+from ..engine.events import Finished
+from ..errors import InvalidParameterError, SpecLlamaError
 from .options import model_options, open_decoder, pass_options, sampling_options
 from .ui import TokenPrinter, stats_table, stderr_console
 
@@ -164,8 +164,8 @@ def pairs_list(config_path: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .config import find_and_load_config
-    from .sources import source_status
+    from ..models.config import find_and_load_config
+    from ..models.sources import source_status
 
     config = find_and_load_config(config_path)
     table = Table(title=f"pairs in {config.path}", title_justify="left")
@@ -187,8 +187,8 @@ def pairs_list(config_path: str | None) -> None:
 @click.option("--config", "config_path", metavar="FILE", help="models.toml to use.")
 def pairs_show(name: str, config_path: str | None) -> None:
     """One pair in full: sources, where they resolve, and its defaults."""
-    from .config import find_and_load_config
-    from .sources import source_status
+    from ..models.config import find_and_load_config
+    from ..models.sources import source_status
 
     config = find_and_load_config(config_path)
     pair = config.pair(name)
@@ -215,10 +215,10 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
     generation with and without the draft: the command to run when something seems off."""
     import time
 
-    from .config import find_and_load_config
-    from .sampling import SamplingParams
-    from .sources import pending_downloads, resolve_pair
-    from .speculative import SpeculativeDecoder
+    from ..engine.decoder import SpeculativeDecoder
+    from ..engine.sampling import SamplingParams
+    from ..models.config import find_and_load_config
+    from ..models.sources import pending_downloads, resolve_pair
 
     err = stderr_console()
     config = find_and_load_config(config_path)

@@ -19,8 +19,8 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import ContextOverflowError, DraftDerivationError, ModelLoadError
-from .sources import check_gguf_file
+from ..errors import ContextOverflowError, DraftDerivationError, ModelLoadError
+from ..models.sources import check_gguf_file
 
 try:
     import llama_cpp as lc

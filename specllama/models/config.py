@@ -46,7 +46,7 @@ from typing import Any, Literal, NoReturn
 
 import platformdirs
 
-from specllama.errors import ConfigError, InvalidParameterError
+from ..errors import ConfigError, InvalidParameterError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -797,7 +797,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def packaged_config_path() -> Path:
     """The models.toml shipped inside the package (the last resort of the search)."""
-    return Path(__file__).with_name(CONFIG_FILENAME)
+    return Path(__file__).parent.parent / CONFIG_FILENAME
 
 
 def user_config_path() -> Path:

@@ -3,7 +3,7 @@
 - ``path``: checked to be a non-empty regular file starting with the GGUF magic.
 - ``package``: a file inside an installed Python package's directory, found with
   :func:`importlib.util.find_spec` (the package itself is not imported).
-- ``derive``: the target requantized (``specllama.backend.quantize``) once into
+- ``derive``: the target requantized (``specllama.engine.llama.quantize``) once into
   ``<cache>/derived/<stem>.<QUANT>.<hash>.gguf`` and reused afterwards. The hash
   covers the target's path, size and mtime, so a changed target gets a new draft.
   Creation is atomic (temp file + ``os.replace``) and serialized across processes
@@ -51,8 +51,8 @@ from types import ModuleType
 
 import platformdirs
 
-from specllama.config import APP_NAME, HF_DEFAULT_REVISION, ModelSource, Pair
-from specllama.errors import DraftDerivationError, ModelLoadError
+from ..errors import DraftDerivationError, ModelLoadError
+from .config import APP_NAME, HF_DEFAULT_REVISION, ModelSource, Pair
 
 try:
     import fcntl
@@ -239,7 +239,7 @@ def _locked(lock_path: Path, directory: Path, progress: Progress | None) -> Iter
 
 def _quantize(src: Path, dst: Path, quant: str, n_threads: int | None) -> None:
     # Imported lazily (and via sys.modules) so that only deriving touches llama.cpp.
-    backend = importlib.import_module("specllama.backend")
+    backend = importlib.import_module("specllama.engine.llama")
     backend.quantize(src, dst, quant, n_threads)
 
 

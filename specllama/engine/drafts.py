@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from .backend import Model
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
+from .llama import Model
 from .sampling import SamplingParams, probabilities, sample, sample_from_logits
 
 if TYPE_CHECKING:
-    from .speculative import SpeculativeDecoder
+    from .decoder import SpeculativeDecoder
 
 DraftMode = Literal["model", "lookup", "hybrid"]
 

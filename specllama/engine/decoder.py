@@ -15,10 +15,10 @@ from typing import Literal
 
 import numpy as np
 
-from .backend import Model
+from ..errors import ContextOverflowError, InvalidParameterError
+from ..policy.auto import DraftMax, RoundOutcome, make_policy
 from .compat import check_compatible
-from .drafting import Draft, DraftMode, check_draft_mode, make_strategy
-from .errors import ContextOverflowError, InvalidParameterError
+from .drafts import Draft, DraftMode, check_draft_mode, make_strategy
 from .events import (
     DraftProposed,
     Event,
@@ -28,7 +28,7 @@ from .events import (
     TextFlushed,
     TokensAccepted,
 )
-from .policy import DraftMax, RoundOutcome, make_policy
+from .llama import Model
 from .sampling import SamplingParams, probabilities, sample_logits, verify, verify_greedy
 from .stats import Stats
 from .textstream import TextStream

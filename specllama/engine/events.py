@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from .speculative import GenerationResult
+    from .decoder import GenerationResult
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .cpumeter import CpuMeter
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from ..engine.llama import Model
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
 CALIBRATION_VERSION = 2
@@ -224,7 +224,7 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
 
 
 def cache_root() -> Path:
-    from .sources import cache_dir
+    from ..models.sources import cache_dir
 
     return cache_dir() / "calibration"
 
