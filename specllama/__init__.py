@@ -3,9 +3,13 @@
     from specllama import SpeculativeDecoder, SamplingParams
     dec = SpeculativeDecoder.load(target="t.gguf", draft="d.gguf", n_ctx=2048)
     res = dec.generate("Hello", max_tokens=64, sampling=SamplingParams(seed=1), draft_max=4)
+
+The layers (docs/architecture.md): engine/ (llama.cpp, sampling, the round loop),
+policy/ (draft lengths), models/ (models.toml, model sources), cli/.
 """
 
-from .engine.decoder import GenerationResult, SpeculativeDecoder
+from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic")
+from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from .engine.events import (
     DraftProposed,
     Event,
@@ -37,6 +41,7 @@ __all__ = [
     "Event",
     "Finished",
     "GenerationResult",
+    "GenerationStream",
     "IncompatiblePairError",
     "InvalidParameterError",
     "ModelLoadError",

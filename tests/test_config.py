@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specllama.errors import ConfigError, InvalidParameterError, SpecLlamaError
-from specllama.models import config as config_mod
+from specllama.models import search as config_mod
 from specllama.models.config import (
     DERIVE_QUANTS,
     Config,

@@ -19,7 +19,8 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.engine.drafts import Draft, ModelDraft, make_strategy
+from specllama.engine.decoder import make_strategy
+from specllama.engine.drafts import Draft, ModelDraft
 from specllama.engine.llama import Model
 from specllama.engine.lookup import HybridDraft, LookupDraft, NgramIndex
 from specllama.engine.sampling import probabilities

@@ -205,7 +205,7 @@ def test_closing_the_stream_early_leaves_consistent_caches(dec):
     stream.close()
     assert dec.target.cached == committed[:-1]
     assert dec.draft.cached == committed[: len(dec.draft.cached)]
-    assert dec.last_result.finish_reason == "interrupted"
+    assert stream.result.finish_reason == "interrupted"
     # and the decoder still works, identically to a fresh one
     a = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=3)
     b = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=0)

@@ -37,6 +37,9 @@ class TokensAccepted:
     text: str
 
 
+TargetKind = Literal["correction", "bonus", "plain"]
+
+
 @dataclass(frozen=True)
 class TargetToken:
     """A token the target chose itself (yellow): a correction after a rejection,
@@ -44,7 +47,7 @@ class TargetToken:
 
     token: int
     text: str
-    kind: Literal["correction", "bonus", "plain"]
+    kind: TargetKind
 
 
 @dataclass(frozen=True)

