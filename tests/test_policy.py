@@ -19,7 +19,7 @@ from specllama.policy.auto import PROBE_EVERY, AcceptanceEstimate
 from specllama.policy.calibration import CostCurve
 from specllama.policy.costs import RoundCosts, decide, expected_rate, expected_tokens
 
-# DESIGN.md section 5: SmolLM2-135M Q4_1 on this 2-core machine, T(n)/T(1).
+# docs/architecture.md, "The cost model": SmolLM2-135M Q4_1 on this 2-core machine, T(n)/T(1).
 SMOL_RATIOS = [1.0, 1.8, 2.2, 2.6, 3.3, 3.5, 3.8, 4.5, 5.0, 5.5, 6.0, 6.6, 7.2, 7.8, 8.3, 8.8]
 SMOL_T1 = 0.0082
 SMOL_DRAFT = 5.0 / 8.2  # the Q4_0 self-draft: 5.0 ms a step
@@ -71,7 +71,7 @@ def test_smollm2_pair_never_pays_here():
         d = decide(alpha, smol_costs())
         assert d.k == 0 and not d.speculate
         assert d.speedup < 1.0
-    # what "0.5x" in DESIGN.md means: k=4 at 81-90% acceptance is about half as fast
+    # what "about half as fast" means: k=4 at 81-90% acceptance is about half as fast
     assert expected_rate(0.85, 4, smol_costs()) / expected_rate(0.85, 0, smol_costs()) < 0.8
 
 

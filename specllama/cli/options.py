@@ -56,6 +56,17 @@ def setting_option(name: str) -> Callable[[F], F]:
     return click.option(s.flag, name, type=kind, help=s.help + shown)
 
 
+def settings_markdown() -> str:
+    """The settings table as the README shows it (a test keeps the two in step)."""
+    rows = ["| flag | models.toml / `/set` | default | meaning |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        where = ", ".join(w for w, ok in (("[defaults]", s.in_file), ("/set", not s.at_load))
+                          if ok) or "-"
+        shown = "-" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.flag}` | {where} | {shown} | {s.help} |")
+    return "\n".join(rows)
+
+
 def _apply(f: F, decorators: list[Callable[[F], F]]) -> F:
     for decorator in reversed(decorators):
         f = decorator(f)

@@ -163,10 +163,13 @@ class AutoDraftLength:
                                   self.margin)
         return src.decision
 
+    @staticmethod
+    def _optimistic(src: SourceState) -> float:
+        return min(0.95, max(OPTIMISTIC_ALPHA, src.acceptance.overall))
+
     def _hopeful(self, src: SourceState) -> Decision:
         """The decision at an optimistic acceptance: could drafting pay at all?"""
-        alpha = min(0.95, max(OPTIMISTIC_ALPHA, src.acceptance.overall))
-        return decide(alpha, src.costs, self.state.k_max, self.margin)
+        return decide(self._optimistic(src), src.costs, self.state.k_max, self.margin)
 
     def choose(self, source: str = "model") -> int:
         src = self.state.source(source)
@@ -246,7 +249,8 @@ class AutoDraftLength:
             if tally.probes:
                 return msg + f" (probed {tally.probes}x)"
             if not self._hopeful(src).speculate:
-                return msg + "; no probes: it would not pay even at a high acceptance"
+                return msg + (f"; even at {self._optimistic(src):.0%} acceptance it would "
+                              "not pay, so no probes")
             return msg
         share = real / tally.rounds
         when = "" if share >= 0.95 else f" in {share:.0%} of rounds"
