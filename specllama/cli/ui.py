@@ -22,7 +22,6 @@ from ..engine.stats import Stats
 
 ACCEPTED = "green"
 TARGET = "yellow"
-PENDING = "blue"
 
 
 def stderr_console() -> Console:

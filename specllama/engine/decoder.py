@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -22,6 +20,8 @@ from .events import (
     DraftProposed,
     Event,
     Finished,
+    FinishReason,
+    GenerationResult,
     PromptEvaluated,
     TargetKind,
     TargetToken,
@@ -40,18 +40,6 @@ from .textstream import TextStream
 DEFAULT_MAX_TOKENS: int = default("max_tokens")
 DEFAULT_DRAFT_MAX: DraftMax = default("draft_max")
 DEFAULT_P_MIN: float = default("p_min")
-
-FinishReason = Literal["eos", "length", "stop", "context", "interrupted"]
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
-    text: str
-    finish_reason: FinishReason
-    stats: Stats
-    prompt_tokens: int
-
 
 class GenerationStream(Iterator[Event]):
     """The events of one generation. `result` is set once it has ended, however

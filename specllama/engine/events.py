@@ -6,10 +6,20 @@ Renderers (CLI, REPL, bench) consume these; the engine never prints.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from .decoder import GenerationResult
+from .stats import Stats
+
+FinishReason = Literal["eos", "length", "stop", "context", "interrupted"]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
+    text: str
+    finish_reason: FinishReason
+    stats: Stats
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,6 @@ class Model:
                 "the file may be truncated or of an unsupported architecture"
             )
         self._model = model
-        self.n_ctx_train = int(lc.llama_model_n_ctx_train(model))
 
         self.n_batch = max(1, min(n_batch, n_ctx))
         cparams = lc.llama_context_default_params()
