@@ -41,6 +41,7 @@ DEFAULT_MAX_TOKENS: int = default("max_tokens")
 DEFAULT_DRAFT_MAX: DraftMax = default("draft_max")
 DEFAULT_P_MIN: float = default("p_min")
 
+
 class GenerationStream(Iterator[Event]):
     """The events of one generation. `result` is set once it has ended, however
     it ended: finished, closed early, or stopped by an error or Ctrl-C (None only

@@ -43,7 +43,6 @@ def check_gguf_file(path: str | os.PathLike[str], *, what: str = "model", hint: 
     return path
 
 
-
 def is_gguf(path: Path) -> bool:
     try:
         with path.open("rb") as fh:

@@ -72,6 +72,7 @@ def _init_llama() -> None:
     lc.llama_log_set(_on_log, ctypes.c_void_p(0))
     lc.llama_backend_init()
 
+
 LLAMA_CPP_VERSION = str(getattr(lc, "__version__", "?"))
 
 QUANT_TYPES: dict[str, int] = {

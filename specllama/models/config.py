@@ -92,7 +92,6 @@ _HF_URL_RE = re.compile(
 )
 
 
-
 def _key(*parts: str) -> str:
     """A TOML dotted key, quoting parts that are not bare keys."""
     return ".".join(
@@ -431,7 +430,6 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise _toml_error(display, exc) from None
     return _Loader(absolute, display).load(parsed)
-
 
 
 def find_and_load_config(explicit: str | os.PathLike[str] | None = None) -> Config:

@@ -59,7 +59,6 @@ def _is_glob(file: str) -> bool:
     return any(c in _GLOB_CHARS for c in file)
 
 
-
 def split_hf_url(url: str) -> tuple[str, str] | None:
     """``hf://OWNER/REPO/FILE`` -> (``OWNER/REPO``, ``FILE``); None when malformed.
     FILE may be a glob or contain '/'."""
