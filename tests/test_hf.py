@@ -972,7 +972,7 @@ def test_llama_cpp_loads_tiny_models_from_the_hf_cache(tmp_path, hf_cache, tiny_
     )
     target, draft = resolve_pair(pair)
     assert target.read_bytes() == tiny_target.read_bytes()
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
     try:
         assert dec.draft is not None
     finally:

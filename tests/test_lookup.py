@@ -245,14 +245,14 @@ def test_hybrid_prefers_lookup_and_falls_back_to_the_model():
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
 def dec_lookup(tiny_target):
-    d = SpeculativeDecoder.load(tiny_target, "lookup", n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, "lookup", n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
@@ -476,7 +476,7 @@ def test_lookup_on_the_real_model_copy_prompts(smollm2_path):
 
     lines = resources.files("specllama").joinpath("prompts/copy.jsonl").read_text("utf-8")
     prompts = {p["id"]: p["prompt"] for p in map(json.loads, lines.splitlines()) if p}
-    d = SpeculativeDecoder.load(smollm2_path, "lookup", n_ctx=1024, n_threads=2)
+    d = SpeculativeDecoder.load(smollm2_path, "lookup", n_ctx=1024, n_threads=2, p_min=0.0)
     probe = Model(smollm2_path, n_ctx=1024, n_threads=2)
     try:
         for pid in ("copy-text-replace",):

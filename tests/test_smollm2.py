@@ -29,7 +29,7 @@ def pair_paths(smollm2_path):
 @pytest.fixture(scope="module")
 def dec(pair_paths):
     target, draft = pair_paths
-    d = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    d = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2, p_min=0.0)
     yield d
     d.close()
 

@@ -195,7 +195,6 @@ class SpeculativeDecoder:
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
-        policy = make_policy(draft_max, self)
         mode = draft_mode or self.default_draft_mode
         strategy = make_strategy(mode, self)
         committed = self.tokenize(prompt)
@@ -206,6 +205,7 @@ class SpeculativeDecoder:
                 f"the prompt is {len(committed)} tokens but the context window holds "
                 f"{self.n_ctx}; raise n_ctx or shorten the prompt"
             )
+        policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         stream = GenerationStream()
         stream._events = self._run(stream, committed, max_tokens, params, policy, mode,
                                    strategy, stop, keep_cache)
