@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...engine.decoder import GenerationResult, SpeculativeDecoder
+from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from ...engine.events import Event, PromptEvaluated
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
@@ -293,16 +293,17 @@ class ChatSession:
         turn = TurnInfo(len(tokens), 0, {}, {}, trimmed=trimmed, prompt_text=text)
         self.last_turn = turn
         s = self.settings
-        stream = self.decoder.stream(
-            tokens,
-            max_tokens=s.max_tokens,
-            sampling=s.sampling,
-            draft_max=s.draft_max,
-            draft_mode=s.draft_mode,
-            stop=PLAIN_STOP if self.plain_format else (),
-            keep_cache=True,
-        )
+        stream: GenerationStream | None = None
         try:
+            stream = self.decoder.stream(
+                tokens,
+                max_tokens=s.max_tokens,
+                sampling=s.sampling,
+                draft_max=s.draft_max,
+                draft_mode=s.draft_mode,
+                stop=PLAIN_STOP if self.plain_format else (),
+                keep_cache=True,
+            )
             if trimmed is not None:
                 yield trimmed
             for event in stream:
@@ -313,9 +314,10 @@ class ChatSession:
                     }
                 yield event
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
             turn.evaluated = {n: m.tokens_evaluated - at_start[n] for n, m in models.items()}
-            self._record(text, tokens, stream.result)
+            self._record(text, tokens, stream.result if stream is not None else None)
 
     def _record(self, text: str, tokens: list[int], result: GenerationResult | None) -> None:
         """Keep the reply (partial or not) as the assistant's message and extend the
