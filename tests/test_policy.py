@@ -228,7 +228,7 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     probes = [i for i in range(first_off, len(ks)) if ks[i] > 0]
     assert probes and all(ks[i] <= 2 for i in probes)  # short probes
     gaps = [b - a for a, b in itertools.pairwise(probes)]
-    assert gaps and all(g == PROBE_EVERY + 1 for g in gaps)  # one every PROBE_EVERY paused
+    assert gaps and all(g == PROBE_EVERY for g in gaps)  # one probe every PROBE_EVERY rounds
     assert "speculation paused" in policy.describe() and "probed" in policy.describe()
 
 

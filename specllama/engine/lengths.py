@@ -77,7 +77,7 @@ DraftMax = int | str | DraftLengthPolicy
 def make_policy(draft_max: DraftMax, decoder: SpeculativeDecoder) -> DraftLengthPolicy:
     """An int is a fixed k (0 = target alone), "auto" the cost-aware policy,
     "heuristic" +2/-1; a policy object is used as it is."""
-    if not isinstance(draft_max, (int, str)):
+    if not isinstance(draft_max, (int, str)) and hasattr(draft_max, "choose"):
         return draft_max
     value = validate_setting("draft_max", draft_max)
     if isinstance(value, str):
