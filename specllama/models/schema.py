@@ -140,6 +140,22 @@ class ModelSource:
     def from_hf(cls, repo: str, file: str, revision: str = HF_DEFAULT_REVISION) -> ModelSource:
         return cls(kind="hf", repo=repo, file=file, revision=revision)
 
+    @classmethod
+    def from_hf_url(cls, url: str) -> ModelSource:
+        """``"hf://OWNER/REPO/FILE.gguf"`` (or a glob) -> an ``hf`` source.
+
+        Raises ``ValueError`` when malformed (models.toml gets friendlier messages).
+        """
+        if not url.startswith(HF_SCHEME):
+            raise ValueError(f"expected {HF_SCHEME}OWNER/REPO/FILE.gguf, got {url!r}")
+        split = split_hf_url(url)
+        if split is None:
+            raise ValueError(
+                f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
+                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {url!r}'
+            )
+        return cls.from_hf(*split)
+
     @property
     def is_glob(self) -> bool:
         """True for an ``hf`` source whose ``file`` is a glob pattern."""
