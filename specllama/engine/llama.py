@@ -220,7 +220,8 @@ class Model:
             bos_token=piece(self.bos) if self.bos >= 0 else "",
             add_generation_prompt=True,
         )
-        return formatter(messages=messages).prompt
+        chat: Any = messages  # the role/content dicts the formatter's TypedDicts describe
+        return formatter(messages=chat).prompt
 
     def prompt(self, text: str, *, chat: bool = True, system: str | None = None) -> list[int]:
         """`text` as this model should see it: the user's message in its chat template
