@@ -203,7 +203,6 @@ class Worker:
                 self.totals.cancelled += 1
             return
         decoder, work = self.decoder, job.work
-        before = decoder.last_result
         stream = decoder.stream(
             work.tokens,
             max_tokens=work.max_tokens,
@@ -226,7 +225,7 @@ class Worker:
             job.put(Failure(exc))
         finally:
             stream.close()  # GeneratorExit in the engine: caches back to a committed prefix
-        result = decoder.last_result if decoder.last_result is not before else None
+        result = stream.result  # however it ended (None: closed before it began)
         if result is not None and not finished and failed is None:
             job.put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
