@@ -31,3 +31,8 @@ class InvalidParameterError(SpecLlamaError):
 
 class DraftDerivationError(SpecLlamaError):
     """A derived draft (requantized target) could not be created."""
+
+
+class RpcError(SpecLlamaError):
+    """An RPC server (a remote target's device) is unreachable, busy or incompatible,
+    or this llama.cpp build has no RPC backend."""
