@@ -119,6 +119,7 @@ def _rpc_proc(name: str, prototype: Any) -> Any:
     return prototype(address)
 
 
+_RPC_SEEN: set[str] = set()  # endpoints ggml has connected to in this process
 _ADD_SERVER = ctypes.CFUNCTYPE(_VP, ctypes.c_char_p)
 _START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                  ctypes.c_size_t, ctypes.POINTER(_VP))
@@ -141,8 +142,12 @@ def _rpc_devices(endpoints: Sequence[str]) -> list[int]:
     ggml = _ggml()
     devices: list[int] = []
     for endpoint in endpoints:
-        rpc_net.check_server(endpoint)
+        if endpoint not in _RPC_SEEN:
+            # Not again once connected: ggml keeps that connection, and the server,
+            # serving one client at a time, would not answer a second one.
+            rpc_net.check_server(endpoint)
         reg = add_server(endpoint.encode())
+        _RPC_SEEN.add(endpoint)
         count = ggml.ggml_backend_reg_dev_count(reg) if reg else 0
         if not count:
             raise RpcError(f"RPC server {endpoint} offers no devices")
@@ -443,6 +448,10 @@ class Model:
         self.cached.extend(tokens)
         t0 = time.perf_counter()
         rc = lc.llama_decode(self._ctx, batch)
+        if self.rpc and rc == 0:
+            # Remote devices compute asynchronously: wait here, so decode_s (the
+            # stats, auto's costs) holds the real cost rather than the next read.
+            lc.llama_synchronize(self._ctx)
         self.decode_s += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:

@@ -59,9 +59,11 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.IPv4Address(host).is_loopback
 
 
-def check_server(endpoint: str, timeout: float = CHECK_TIMEOUT_S) -> None:
-    """Connect and say HELLO within `timeout` seconds each, or raise RpcError.
-    The server serves one client at a time: one that does not answer is busy."""
+def check_server(endpoint: str, timeout: float | None = None) -> None:
+    """Connect and say HELLO within `timeout` seconds each (default CHECK_TIMEOUT_S),
+    or raise RpcError. The server serves one client at a time: one that does not
+    answer is busy."""
+    timeout = CHECK_TIMEOUT_S if timeout is None else timeout
     host, _, port = endpoint.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
