@@ -206,6 +206,7 @@ def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -
     start(f"{host}:{port}".encode(), cache, n_threads, 1, devices)
 
 QUANT_TYPES: dict[str, int] = {
+    "F32": lc.LLAMA_FTYPE_ALL_F32,  # the bandwidth-bound stand-in for a big target (bench/)
     "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
     "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
     "Q5_1": lc.LLAMA_FTYPE_MOSTLY_Q5_1,
