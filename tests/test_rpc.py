@@ -21,7 +21,7 @@ from specllama.cli import cli
 from specllama.engine import rpc
 from specllama.engine.llama import rpc_available
 from specllama.errors import RpcError
-from specllama.policy.calibration import cache_key
+from specllama.policy.calibration import cache_key, cache_path
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 GREEDY = SamplingParams(temperature=0.0)
@@ -124,6 +124,7 @@ def test_auto_calibrates_the_remote_target_apart(server, tiny_target, tiny_draft
                                       "--temperature", "0", "--max-tokens", "8", "hi"])
     assert result.exit_code == 0, result.stderr
     assert cache_key(tiny_target, 1, f"rpc {server}") != cache_key(tiny_target, 1)
+    assert cache_path(tiny_target, 1, f"rpc {server}") != cache_path(tiny_target, 1)
 
 
 def test_models_toml_target_rpc(server, tmp_path, tiny_target, tiny_draft):
