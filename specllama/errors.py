@@ -36,3 +36,10 @@ class DraftDerivationError(SpecLlamaError):
 class RpcError(SpecLlamaError):
     """An RPC server (a remote target's device) is unreachable, busy or incompatible,
     or this llama.cpp build has no RPC backend."""
+
+
+class KVCacheError(SpecLlamaError):
+    """llama.cpp refused to cut a KV cache back: continuing would silently stop being exact.
+    Not a user mistake; reported in one line all the same."""
+
+    exit_code = 1
