@@ -143,6 +143,8 @@ draft = "{tiny_draft}"
     local = CliRunner().invoke(cli, ["generate", "--target", str(tiny_target), "--draft",
                                      str(tiny_draft), *args[3:]])
     assert data["tokens"] == json.loads(local.stdout)["tokens"]
+    shown = CliRunner().invoke(cli, ["pairs", "show", "remote", "--config", str(config)])
+    assert f"target on:   rpc {server}" in shown.stdout
 
 
 @pytest.mark.parametrize("value, message", [
