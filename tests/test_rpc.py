@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.engine import rpc
+from specllama.engine import llama, rpc
 from specllama.engine.llama import rpc_available
 from specllama.errors import RpcError
 from specllama.policy.calibration import cache_key, cache_path
@@ -316,6 +316,21 @@ def test_rpc_server_stops_on_sigterm(tmp_path):
         _, err = proc.communicate(timeout=10)
     assert f"serving this machine's CPU on {endpoint}" in err.decode()
     assert "WARNING" not in err.decode()  # loopback: no warning
+
+
+def test_a_build_without_rpc_names_the_fix():
+    """What a build without GGML_RPC meets: the registry has no such function."""
+    with pytest.raises(RpcError, match=r'CMAKE_ARGS="-DGGML_RPC=on" pip install'):
+        llama._rpc_proc("ggml_backend_rpc_not_in_this_build", llama._ADD_SERVER)
+
+
+def test_connections_to_the_server_get_keepalive(server, tiny_target):
+    dec = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, n_threads=1,
+                                  target_rpc=[server])
+    try:
+        assert rpc.keep_alive([server]) >= 1  # the connection ggml computes over
+    finally:
+        dec.close()
 
 
 @pytest.mark.parametrize("text, ok", [
