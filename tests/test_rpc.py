@@ -231,9 +231,14 @@ def test_a_server_that_is_not_ggml_is_refused(tiny_target):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_server_killed_mid_session_is_one_line(tiny_target, tiny_draft, tmp_path):
-    """A server that dies while the models are loaded: the next generation ends the
-    process with one line and exit code 2, promptly, without a C backtrace."""
+@pytest.mark.parametrize("sig, message", [
+    (signal.SIGKILL, "lost the RPC server {}"),
+    # stopped: the connection stays up but nothing answers (SPECLLAMA_RPC_TIMEOUT=3 below)
+    (signal.SIGSTOP, "the RPC server {} has not answered for 3 s"),
+])
+def test_server_lost_mid_session_is_one_line(tiny_target, tiny_draft, tmp_path, sig, message):
+    """A server that dies or stops while the models are loaded: the next generation
+    ends the process with one line and exit code 2, promptly, without a C backtrace."""
     script = tmp_path / "client.py"
     script.write_text(f"""
 import sys
@@ -250,13 +255,15 @@ print("not reached", flush=True)
     with rpc_server_process() as (endpoint, server_proc):
         client = subprocess.Popen([sys.executable, str(script), endpoint], text=True,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+                                  stderr=subprocess.PIPE,
+                                  env={**os.environ, "SPECLLAMA_RPC_TIMEOUT": "3"})
         try:
             assert client.stdout is not None
             client.stdout.readline()
             assert client.stdout.readline().strip() == "ready"
-            server_proc.kill()
-            server_proc.wait(10)
+            server_proc.send_signal(sig)
+            if sig == signal.SIGKILL:
+                server_proc.wait(10)
             out, err = client.communicate("go\n", timeout=60)
         finally:
             client.kill()
@@ -264,7 +271,7 @@ print("not reached", flush=True)
     assert "not reached" not in out
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"specllama: error: lost the RPC server {endpoint}")
+    assert lines[0].startswith("specllama: error: " + message.format(endpoint))
 
 
 def test_chat_says_why_it_ends_when_the_server_dies(tiny_target, tiny_draft, tmp_path):

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -159,6 +160,7 @@ def _rpc_devices(endpoints: Sequence[str]) -> list[int]:
             raise RpcError(f"RPC server {endpoint} offers no devices")
         devices.extend(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(count))
     _install_abort_handler(endpoints)
+    _start_stall_watch()
     return devices
 
 
@@ -167,6 +169,29 @@ def _fatal(message: str) -> None:
     the process cannot go on; leave with one line and exit code 2 instead."""
     os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
     os._exit(2)
+
+
+#: Seconds one decode on RPC devices may take before the server counts as lost: a
+#: server that stops answering but keeps its connection would otherwise hang us.
+RPC_STALL_S = float(os.environ.get("SPECLLAMA_RPC_TIMEOUT", "") or 120)
+_RPC_WAITS: dict[int, tuple[float, str]] = {}  # id(model) -> (deadline, endpoints)
+
+
+@functools.cache
+def _start_stall_watch() -> None:
+    """One daemon thread: a remote decode past its deadline ends the process in one
+    line (the C call cannot be interrupted, and its state would be unknown anyway)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            for deadline, where in list(_RPC_WAITS.values()):
+                if now > deadline:
+                    _fatal(f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; "
+                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)")
+
+    threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
 
 
 @functools.cache
@@ -459,11 +484,17 @@ class Model:
         # smaller of this list and the cache's real end (pos_max).
         self.cached.extend(tokens)
         t0 = time.perf_counter()
-        rc = lc.llama_decode(self._ctx, batch)
-        if self.rpc and rc == 0:
-            # Remote devices compute asynchronously: wait here, so decode_s (the
-            # stats, auto's costs) holds the real cost rather than the next read.
-            lc.llama_synchronize(self._ctx)
+        if self.rpc:
+            _RPC_WAITS[id(self)] = (time.monotonic() + RPC_STALL_S, ", ".join(self.rpc))
+        try:
+            rc = lc.llama_decode(self._ctx, batch)
+            if self.rpc and rc == 0:
+                # Remote devices compute asynchronously: wait here, so decode_s (the
+                # stats, auto's costs) holds the real cost rather than the next read.
+                lc.llama_synchronize(self._ctx)
+        finally:
+            if self.rpc:
+                _RPC_WAITS.pop(id(self), None)
         self.decode_s += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
