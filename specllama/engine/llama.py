@@ -159,7 +159,7 @@ def _rpc_devices(endpoints: Sequence[str]) -> list[int]:
         if not count:
             raise RpcError(f"RPC server {endpoint} offers no devices")
         devices.extend(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(count))
-    _install_abort_handler(endpoints)
+    _install_abort_handler()
     _start_stall_watch()
     return devices
 
@@ -173,7 +173,15 @@ def _fatal(message: str) -> None:
 
 #: Seconds one decode on RPC devices may take before the server counts as lost: a
 #: server that stops answering but keeps its connection would otherwise hang us.
-RPC_STALL_S = float(os.environ.get("SPECLLAMA_RPC_TIMEOUT", "") or 120)
+def _stall_bound(default: float = 120.0) -> float:
+    try:
+        value = float(os.environ.get("SPECLLAMA_RPC_TIMEOUT", "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+RPC_STALL_S = _stall_bound()
 _RPC_WAITS: dict[int, tuple[float, str]] = {}  # id(model) -> (deadline, endpoints)
 
 
@@ -194,35 +202,28 @@ def _start_stall_watch() -> None:
     threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
 
 
+_ABORT_HANDLER: list[Any] = []  # keeps the ctypes callback alive for the process's life
+
+
 @functools.cache
-def _abort_handler_slot() -> list[Any]:
-    return []  # keeps the ctypes callback alive for the life of the process
-
-
-def _install_abort_handler(endpoints: Sequence[str]) -> None:
+def _install_abort_handler() -> None:
     """A lost RPC server makes ggml abort (GGML_ABORT in its client thread), with a
     C backtrace; say it in one line instead. Installed only once a remote device is
     used, so local runs keep llama.cpp's own behaviour."""
-    slot = _abort_handler_slot()
-    where = ", ".join(endpoints)
 
     def on_abort(raw: bytes | None) -> None:
         text = (raw or b"").decode("utf-8", errors="replace").strip()
         text = text.split(": ", 1)[-1] if text.count(":") >= 2 else text  # drop file:line
         if "RPC" in text or "connect" in text:
-            _fatal(f"lost the RPC server {where} ({text.rstrip('.')}); the target "
-                   "lives there, so generation cannot go on")
+            _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')}); "
+                   "the target lives there, so generation cannot go on")
         _fatal(f"llama.cpp aborted: {text}")
 
-    callback = _ABORT_CALLBACK(on_abort)
-    setter = lc.llama_cpp._lib  # libllama links libggml-base, which holds the setter
-    try:
-        fn = setter["ggml_set_abort_callback"]
-    except (AttributeError, KeyError, TypeError, OSError):  # pragma: no cover
-        fn = _ggml().ggml_set_abort_callback
+    _ABORT_HANDLER.append(_ABORT_CALLBACK(on_abort))
+    # libllama links libggml-base, which holds the setter
+    fn = lc.llama_cpp._lib["ggml_set_abort_callback"]
     fn.restype, fn.argtypes = _VP, [_ABORT_CALLBACK]
-    fn(callback)
-    slot[:] = [callback]
+    fn(_ABORT_HANDLER[0])
 
 
 def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -> None:
@@ -235,6 +236,7 @@ def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -
     devices = (_VP * 1)(cpu)
     cache = str(cache_dir).encode() if cache_dir is not None else None
     start(f"{host}:{port}".encode(), cache, n_threads, 1, devices)
+
 
 QUANT_TYPES: dict[str, int] = {
     "F32": lc.LLAMA_FTYPE_ALL_F32,  # the bandwidth-bound stand-in for a big target (bench/)
