@@ -49,7 +49,7 @@ def rpc_server_process(*extra: str):
     killed at the end whatever happens."""
     port = free_port()
     proc = subprocess.Popen([SPECLLAMA, "rpc-server", "--port", str(port), "--threads", "1",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     endpoint = f"127.0.0.1:{port}"
     try:
