@@ -33,6 +33,11 @@ class DraftDerivationError(SpecLlamaError):
     """A derived draft (requantized target) could not be created."""
 
 
+class RpcError(SpecLlamaError):
+    """An RPC server (a remote target's device) is unreachable, busy or incompatible,
+    or this llama.cpp build has no RPC backend."""
+
+
 class KVCacheError(SpecLlamaError):
     """llama.cpp refused to cut a KV cache back: continuing would silently stop being exact.
     Not a user mistake; reported in one line all the same."""

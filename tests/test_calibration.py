@@ -105,6 +105,7 @@ class FakeModel:
 
     def __init__(self, path: Path, n_threads: int = 2) -> None:
         self.path, self.n_threads, self.n_batch = path, n_threads, 512
+        self.placement = "local CPU"
 
 
 @pytest.fixture

@@ -48,6 +48,8 @@ def setting_option(name: str) -> Callable[[F], F]:
     an absent flag leaves the pair's default (or the table's) in force."""
     s = SETTINGS[name]
     kind: Any = s.type
+    if s.type is tuple:
+        return click.option(s.flag, name, metavar="HOST:PORT", multiple=True, help=s.help)
     if name == "draft_max":
         kind = DraftMaxType()
     elif s.type is str:
@@ -62,7 +64,7 @@ def settings_markdown() -> str:
     for s in SETTINGS.values():
         where = ", ".join(w for w, ok in (("[defaults]", s.in_file), ("/set", not s.at_load))
                           if ok) or "-"
-        shown = "-" if s.default is None else f"`{s.default}`"
+        shown = "-" if s.default is None or s.default == () else f"`{s.default}`"
         rows.append(f"| `{s.flag}` | {where} | {shown} | {s.help} |")
     return "\n".join(rows)
 
@@ -114,6 +116,7 @@ class RunSettings:
     target: str = ""
     draft: str = ""
     stop: tuple[str, ...] = field(default_factory=tuple)
+    rpc: tuple[str, ...] = ()  # RPC servers holding the target; () = local
 
     def as_dict(self) -> dict[str, Any]:
         s = self.sampling
@@ -132,6 +135,7 @@ class RunSettings:
             "p_min": self.p_min,
             "n_ctx": self.n_ctx,
             "threads": self.threads,
+            "rpc": list(self.rpc),
             "stop": list(self.stop),
         }
 
@@ -143,7 +147,7 @@ def resolve_settings(opts: dict[str, Any], pair: Pair | None) -> dict[str, Any]:
         merged.update(pair.defaults.as_dict())
     for name, s in SETTINGS.items():
         value = opts.get(name)
-        if value is not None:
+        if value is not None and value != ():  # () is an absent repeatable flag
             merged[name] = validate_setting(name, value, label=s.flag)
     return merged
 
@@ -200,7 +204,11 @@ def open_decoder(
         raise InvalidParameterError(
             "--draft-mode model needs a draft model, but this pair drafts by lookup"
         )
+    # --rpc replaces the pair's own servers (models.toml: target = { ..., rpc = [...] })
+    rpc: tuple[str, ...] = merged["rpc"] or (choice.pair.target_rpc if choice.pair else ())
     names = choice.target.name + (f" + {choice.draft.name}" if choice.draft else "")
+    if rpc:
+        names += f" (target on {', '.join(rpc)})"
     with spinner(console, f"loading {names}") as say:
         decoder = SpeculativeDecoder.load(
             choice.target,
@@ -208,6 +216,7 @@ def open_decoder(
             n_ctx=merged["n_ctx"],
             n_threads=merged["threads"],
             p_min=merged["p_min"],
+            target_rpc=rpc,
         )
         if merged["draft_max"] == "auto" or opts.get("recalibrate"):
             # Here rather than at the first round, so the time shows as loading.
@@ -224,6 +233,7 @@ def open_decoder(
         pair=choice.pair.name if choice.pair else None,
         target=str(choice.target),
         draft=choice.draft_label,
+        rpc=rpc,
     )
     return decoder, settings
 

@@ -53,6 +53,8 @@ def pairs_show(name: str, config_path: str | None) -> None:
     if pair.description:
         click.echo(f"description: {pair.description}")
     click.echo(f"target:      {pair.target.describe()}")
+    if pair.target_rpc:
+        click.echo(f"target on:   rpc {', '.join(pair.target_rpc)}")
     click.echo(f"draft:       {pair.draft.describe()}")
     click.echo(f"status:      {source_status(pair)}")
     click.echo(f"defined in:  {config.path}")
@@ -86,7 +88,8 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
             target, draft = resolve_pair(pair, n_threads=threads,
                                          progress=lambda m: err.print(f"[dim]{m}[/dim]"))
             dec = SpeculativeDecoder.load(target, draft if draft else "lookup",
-                                          n_ctx=1024, n_threads=threads)
+                                          n_ctx=1024, n_threads=threads,
+                                          target_rpc=pair.target_rpc)
             load_s = time.perf_counter() - t0
         except SpecLlamaError as exc:
             failed += 1

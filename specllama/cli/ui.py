@@ -97,6 +97,7 @@ def stats_table(stats: Stats, *, title: str = "specllama") -> Table:
                   f"draft {stats.draft_s / g:.0%}, overhead {stats.overhead_share:.1%}")
     if stats.policy_note:
         table.add_row("draft length", f"mean {stats.mean_draft_length:.2f}; {stats.policy_note}")
+    table.add_row("target on", stats.target_at)
     return table
 
 

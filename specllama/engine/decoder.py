@@ -112,13 +112,15 @@ class SpeculativeDecoder:
         n_threads: int | None = default("threads"),
         p_min: float = DEFAULT_P_MIN,
         draft_mode: DraftMode | None = None,
+        target_rpc: Sequence[str] = (),
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
         (the target alone). draft_mode: the default mode of generate()/stream();
-        None means "lookup" for draft="lookup", else "model"."""
+        None means "lookup" for draft="lookup", else "model". target_rpc: HOST:PORT
+        of llama.cpp RPC servers that hold the target (the draft stays local)."""
         if draft_mode is not None:
             check_draft_mode(draft_mode)
-        target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads)
+        target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc)
         draft_model = None
         is_lookup = draft is not None and str(draft) == "lookup"
         if draft is not None and not is_lookup:
@@ -229,7 +231,7 @@ class SpeculativeDecoder:
     ) -> Generator[Event, None, None]:
         n_prompt = len(committed)
         rng = np.random.default_rng(params.seed)
-        stats = Stats(prompt_tokens=n_prompt)
+        stats = Stats(prompt_tokens=n_prompt, target_at=self.target.placement)
         models = [m for m in (self.target, self.draft) if m is not None]
         if not keep_cache:
             self.reset()

@@ -13,15 +13,23 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import ContextOverflowError, DraftDerivationError, KVCacheError, ModelLoadError
+from ..errors import (
+    ContextOverflowError,
+    DraftDerivationError,
+    KVCacheError,
+    ModelLoadError,
+    RpcError,
+)
+from . import rpc as rpc_net
 from .gguf import check_gguf_file
 
 try:
@@ -75,7 +83,163 @@ def _init_llama() -> None:
 
 LLAMA_CPP_VERSION = str(getattr(lc, "__version__", "?"))
 
+# ------------------------------------------------------------------ RPC devices
+# ggml's RPC backend (ggml-rpc.h, ggml-backend.h of the bundled llama.cpp), reached
+# through the registry the way llama.cpp's own tools do, so a build without it is a
+# clear error rather than a missing symbol.
+RPC_BUILD_HINT = (
+    "this llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with: "
+    'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
+    "'llama-cpp-python>=0.3.36,<0.4'"
+)
+_VP = ctypes.c_void_p
+_GGML_DEVICE_CPU = 0  # enum ggml_backend_dev_type
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml (the backend registry) next to llama-cpp-python's libllama."""
+    lib_dir = Path(lc.llama_cpp.__file__).parent / "lib"
+    names = ("libggml.so", "libggml.dylib", "ggml.dll")
+    path = next((lib_dir / n for n in names if (lib_dir / n).exists()), None)
+    if path is None:  # pragma: no cover - depends on the install
+        raise RpcError(f"libggml not found in {lib_dir}; {RPC_BUILD_HINT}")
+    lib = ctypes.CDLL(str(path))
+    for name, res, args in (
+        ("ggml_backend_reg_by_name", _VP, [ctypes.c_char_p]),
+        ("ggml_backend_reg_get_proc_address", _VP, [_VP, ctypes.c_char_p]),
+        ("ggml_backend_reg_dev_count", ctypes.c_size_t, [_VP]),
+        ("ggml_backend_reg_dev_get", _VP, [_VP, ctypes.c_size_t]),
+        ("ggml_backend_dev_by_type", _VP, [ctypes.c_int]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def _rpc_proc(name: str, prototype: Any) -> Any:
+    ggml = _ggml()
+    reg = ggml.ggml_backend_reg_by_name(b"RPC")
+    address = ggml.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not address:
+        raise RpcError(RPC_BUILD_HINT)
+    return prototype(address)
+
+
+_RPC_SEEN: set[str] = set()  # endpoints ggml has connected to in this process
+_ADD_SERVER = ctypes.CFUNCTYPE(_VP, ctypes.c_char_p)
+_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                 ctypes.c_size_t, ctypes.POINTER(_VP))
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def rpc_available() -> bool:
+    """Whether this llama.cpp build has the RPC backend."""
+    try:
+        _rpc_proc("ggml_backend_rpc_add_server", _ADD_SERVER)
+    except RpcError:
+        return False
+    return True
+
+
+def _rpc_devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of these RPC servers, each checked first (bounded) because
+    ggml's client would abort the process on one it cannot reach."""
+    add_server = _rpc_proc("ggml_backend_rpc_add_server", _ADD_SERVER)
+    ggml = _ggml()
+    devices: list[int] = []
+    for endpoint in endpoints:
+        if endpoint not in _RPC_SEEN:
+            # Not again once connected: ggml keeps that connection, and the server,
+            # serving one client at a time, would not answer a second one.
+            rpc_net.check_server(endpoint)
+        reg = add_server(endpoint.encode())
+        _RPC_SEEN.add(endpoint)
+        count = ggml.ggml_backend_reg_dev_count(reg) if reg else 0
+        if not count:
+            raise RpcError(f"RPC server {endpoint} offers no devices")
+        devices.extend(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(count))
+    _install_abort_handler()
+    _start_stall_watch()
+    return devices
+
+
+def _fatal(message: str) -> None:
+    """Last words when llama.cpp aborts: it calls abort() right after this, so
+    the process cannot go on; leave with one line and exit code 2 instead."""
+    os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
+    os._exit(2)
+
+
+#: Seconds one decode on RPC devices may take before the server counts as lost: a
+#: server that stops answering but keeps its connection would otherwise hang us.
+def _stall_bound(default: float = 120.0) -> float:
+    try:
+        value = float(os.environ.get("SPECLLAMA_RPC_TIMEOUT", "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+RPC_STALL_S = _stall_bound()
+_RPC_WAITS: dict[int, tuple[float, str]] = {}  # id(model) -> (deadline, endpoints)
+
+
+@functools.cache
+def _start_stall_watch() -> None:
+    """One daemon thread: a remote decode past its deadline ends the process in one
+    line (the C call cannot be interrupted, and its state would be unknown anyway)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            for deadline, where in list(_RPC_WAITS.values()):
+                if now > deadline:
+                    _fatal(f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; "
+                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)")
+
+    threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
+
+
+_ABORT_HANDLER: list[Any] = []  # keeps the ctypes callback alive for the process's life
+
+
+@functools.cache
+def _install_abort_handler() -> None:
+    """A lost RPC server makes ggml abort (GGML_ABORT in its client thread), with a
+    C backtrace; say it in one line instead. Installed only once a remote device is
+    used, so local runs keep llama.cpp's own behaviour."""
+
+    def on_abort(raw: bytes | None) -> None:
+        text = (raw or b"").decode("utf-8", errors="replace").strip()
+        text = text.split(": ", 1)[-1] if text.count(":") >= 2 else text  # drop file:line
+        if "RPC" in text or "connect" in text:
+            _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')}); "
+                   "the target lives there, so generation cannot go on")
+        _fatal(f"llama.cpp aborted: {text}")
+
+    _ABORT_HANDLER.append(_ABORT_CALLBACK(on_abort))
+    # libllama links libggml-base, which holds the setter
+    fn = lc.llama_cpp._lib["ggml_set_abort_callback"]
+    fn.restype, fn.argtypes = _VP, [_ABORT_CALLBACK]
+    fn(_ABORT_HANDLER[0])
+
+
+def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -> None:
+    """Run ggml's RPC server on this machine's CPU; returns only if it cannot start."""
+    _init_llama()
+    start = _rpc_proc("ggml_backend_rpc_start_server", _START_SERVER)
+    cpu = _ggml().ggml_backend_dev_by_type(_GGML_DEVICE_CPU)
+    if not cpu:  # pragma: no cover - every build has a CPU backend
+        raise RpcError("llama.cpp found no CPU device to serve")
+    devices = (_VP * 1)(cpu)
+    cache = str(cache_dir).encode() if cache_dir is not None else None
+    start(f"{host}:{port}".encode(), cache, n_threads, 1, devices)
+
+
 QUANT_TYPES: dict[str, int] = {
+    "F32": lc.LLAMA_FTYPE_ALL_F32,  # the bandwidth-bound stand-in for a big target (bench/)
     "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
     "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
     "Q5_1": lc.LLAMA_FTYPE_MOSTLY_Q5_1,
@@ -106,7 +270,10 @@ class Model:
         n_ctx: int = 2048,
         n_threads: int | None = None,
         n_batch: int = 512,
+        rpc: Sequence[str] = (),
     ) -> None:
+        """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
+        there instead of this machine's CPU."""
         _init_llama()
         self.path = Path(path)
         # llama.cpp handles (ctypes objects); None once freed
@@ -116,7 +283,13 @@ class Model:
         check_gguf_file(self.path, what="model")
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
 
+        self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         mparams = lc.llama_model_default_params()
+        if self.rpc:
+            devices = _rpc_devices(self.rpc)
+            self._devices = (_VP * (len(devices) + 1))(*devices, None)  # NULL-terminated
+            mparams.devices = ctypes.cast(self._devices, _VP)
+            mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
         model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelLoadError(
@@ -153,6 +326,8 @@ class Model:
         self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
         self._fast_logits = _logits_address()
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        if self.rpc:
+            rpc_net.keep_alive(list(self.rpc))
 
         self.cached: list[int] = []  # token ids held by the KV cache, position = index
         self.decode_s = 0.0  # wall time inside llama_decode
@@ -178,6 +353,11 @@ class Model:
             self.close()
         except Exception:
             pass
+
+    @property
+    def placement(self) -> str:
+        """Where the layers run: 'local CPU' or 'rpc HOST:PORT, ...'."""
+        return f"rpc {', '.join(self.rpc)}" if self.rpc else "local CPU"
 
     # ------------------------------------------------------------------- vocab
     @property
@@ -306,7 +486,17 @@ class Model:
         # smaller of this list and the cache's real end (pos_max).
         self.cached.extend(tokens)
         t0 = time.perf_counter()
-        rc = lc.llama_decode(self._ctx, batch)
+        if self.rpc:
+            _RPC_WAITS[id(self)] = (time.monotonic() + RPC_STALL_S, ", ".join(self.rpc))
+        try:
+            rc = lc.llama_decode(self._ctx, batch)
+            if self.rpc and rc == 0:
+                # Remote devices compute asynchronously: wait here, so decode_s (the
+                # stats, auto's costs) holds the real cost rather than the next read.
+                lc.llama_synchronize(self._ctx)
+        finally:
+            if self.rpc:
+                _RPC_WAITS.pop(id(self), None)
         self.decode_s += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:

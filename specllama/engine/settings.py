@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidParameterError
+from .rpc import endpoint_problem
 
 Check = Callable[[Any], "tuple[Any, str | None]"]
 
@@ -102,6 +103,18 @@ def _check_draft_max(value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+def _check_rpc(value: Any) -> tuple[Any, str | None]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        return value, f"must be HOST:PORT strings, {got(value)}"
+    for endpoint in value:
+        problem = endpoint_problem(endpoint)
+        if problem is not None:
+            return value, problem
+    return tuple(v.strip() for v in value), None
+
+
 def _check_draft_mode(value: Any) -> tuple[Any, str | None]:
     if value in DRAFT_MODES:
         return value, None
@@ -154,6 +167,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("n_ctx", int, 2048, "Context window in tokens.", _int_at_least(16), at_load=True),
     Setting("threads", int, None, "CPU threads (default: all cores).", _int_at_least(1),
             at_load=True),
+    # A tuple setting is a repeatable flag; models.toml gives it per target (rpc = [...]).
+    Setting("rpc", tuple, (), "Run the target on this llama.cpp RPC server (HOST:PORT; "
+            "repeat to split it over several); the draft stays local.", _check_rpc,
+            in_file=False, at_load=True),
     Setting("draft_max", int, "auto",
             "Draft length: N (0 = target alone), 'auto' (cost-aware) or 'heuristic'.",
             _check_draft_max, words=DRAFT_MAX_WORDS),

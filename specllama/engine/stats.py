@@ -24,6 +24,7 @@ class Stats:
     draft_s: float = 0.0  # inside the draft model's llama_decode during generation
     target_s: float = 0.0  # inside the target's llama_decode during generation
     policy_note: str = ""  # why the draft length was what it was, for the user
+    target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
     def record_round(self, k: int, m: int, emitted: int) -> None:
         self.target_steps += 1
@@ -96,6 +97,7 @@ class Stats:
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
                      "accepted", "prompt_s", "generate_s", "draft_s", "target_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.target_at = other.target_at
         self._grow(len(other.drafted_at))
         for i, (d, r, a) in enumerate(zip(other.drafted_at, other.reached_at, other.accepted_at)):
             self.drafted_at[i] += d

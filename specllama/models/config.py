@@ -177,7 +177,8 @@ class _Loader:
         for required in ("target", "draft"):
             if required not in raw:
                 self.fail(_key("pairs", name, required), "required but missing")
-        target = self.source(raw["target"], ("pairs", name, "target"), role="target")
+        raw_target, target_rpc = self.target_rpc(raw["target"], ("pairs", name, "target"))
+        target = self.source(raw_target, ("pairs", name, "target"), role="target")
         draft = self.source(raw["draft"], ("pairs", name, "draft"), role="draft")
         defaults = self.defaults(raw.get("defaults", {}), ("pairs", name, "defaults"))
         return Pair(
@@ -186,8 +187,25 @@ class _Loader:
             target=target,
             draft=draft,
             defaults=defaults,
+            target_rpc=target_rpc,
             config_path=self.path,
         )
+
+    def target_rpc(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """A target table's `rpc = ["HOST:PORT", ...]` (where its layers run), and
+        the table without it for `source`."""
+        if not isinstance(raw, dict) or "rpc" not in raw:
+            return raw, ()
+        value = raw["rpc"]
+        where = _key(*parts, "rpc")
+        if isinstance(value, str):
+            self.fail(where, f'must be an array of "HOST:PORT" strings, e.g. ["{value}"]')
+        normalized, problem = SETTINGS["rpc"].check(value)
+        if problem is not None:
+            self.fail(where, problem)
+        if not normalized:
+            self.fail(where, "must name at least one RPC server")
+        return {k: v for k, v in raw.items() if k != "rpc"}, normalized
 
     # -- sources
 

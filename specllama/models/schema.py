@@ -212,6 +212,8 @@ class Pair:
     draft: ModelSource
     description: str = ""
     defaults: PairDefaults = field(default_factory=PairDefaults)
+    #: HOST:PORT of llama.cpp RPC servers that hold the target (``target = { ..., rpc = [...] }``).
+    target_rpc: tuple[str, ...] = ()
     #: The models.toml this pair came from (None for pairs built in code).
     config_path: Path | None = None
 

@@ -236,8 +236,10 @@ def machine_id() -> str:
     return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|{platform.machine()}"
 
 
-def cache_key(model_path: str | os.PathLike[str], n_threads: int) -> dict[str, Any]:
-    """What a cached calibration is valid for."""
+def cache_key(
+    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU"
+) -> dict[str, Any]:
+    """What a cached calibration is valid for (a remote target: on those servers)."""
     path = Path(model_path).resolve()
     st = path.stat()
     return {
@@ -248,14 +250,18 @@ def cache_key(model_path: str | os.PathLike[str], n_threads: int) -> dict[str, A
         "n_threads": int(n_threads),
         "machine": machine_id(),
         "llama_cpp": LLAMA_CPP_VERSION,
+        **({"placement": placement} if placement != "local CPU" else {}),
     }
 
 
-def cache_path(model_path: str | os.PathLike[str], n_threads: int) -> Path:
+def cache_path(
+    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU"
+) -> Path:
     """One file per (model path, threads, machine); its content says for which
     size/mtime it holds, so a changed model file overwrites it."""
     path = Path(model_path).resolve()
-    ident = json.dumps([str(path), int(n_threads), machine_id()])
+    ident = json.dumps([str(path), int(n_threads), machine_id()]
+                       + ([placement] if placement != "local CPU" else []))
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return cache_root() / f"{path.stem}.t{int(n_threads)}.{digest}.json"
 
@@ -312,8 +318,8 @@ def calibrate(
     still valid (and use_cache), else measured now and cached unless the machine
     was busy meanwhile."""
     max_n = max(1, min(max_n, model.n_batch))
-    key = cache_key(model.path, model.n_threads)
-    path = cache_path(model.path, model.n_threads)
+    key = cache_key(model.path, model.n_threads, model.placement)
+    path = cache_path(model.path, model.n_threads, model.placement)
     if use_cache:
         curve = _read(path, key, max_n)
         if curve is not None:
