@@ -156,6 +156,12 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
+    def set_threads(self, n_threads: int) -> None:
+        """Decode with n_threads from now on (chosen once the load has shown how busy
+        the machine is)."""
+        self.n_threads = max(1, int(n_threads))
+        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
+
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
         if self._batch is not None:
