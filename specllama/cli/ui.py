@@ -28,9 +28,10 @@ TARGET = "yellow"
 
 def stderr_console(*, plain: bool = False) -> Console:
     """Progress, stats and warnings. plain (--plain): no escape codes at all, not even
-    dim or italic, which NO_COLOR keeps."""
+    dim or italic (which NO_COLOR keeps) or a spinner's cursor codes."""
     if plain:
-        return Console(file=sys.stderr, highlight=False, soft_wrap=True, color_system=None)
+        return Console(file=sys.stderr, highlight=False, soft_wrap=True, color_system=None,
+                       force_terminal=False)
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 

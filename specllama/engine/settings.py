@@ -153,7 +153,8 @@ def _seed_check(value: Any) -> tuple[Any, str | None]:
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("n_ctx", int, 2048, "Context window in tokens.", _int_at_least(16), at_load=True),
-    Setting("threads", int, None, "CPU threads (default: all cores).", _int_at_least(1),
+    Setting("threads", int, None, "CPU threads (default: the cores other processes leave free).",
+            _int_at_least(1),
             at_load=True),
     Setting("draft_max", int, "auto",
             "Draft length: N (0 = target alone), 'auto' (cost-aware) or 'heuristic'.",
