@@ -181,6 +181,33 @@ def test_a_busy_run_warns_in_the_stats_and_the_chat_footer(run, tiny, meter_says
     assert "busy" not in panel(quiet.stderr)
 
 
+# ------------------------------------------------------------------ 3. calibration
+
+
+def test_the_spinner_says_what_loading_will_measure(tiny_target, tiny_draft, tmp_path,
+                                                    meter_says, monkeypatch):
+    from specllama import SpeculativeDecoder
+    from specllama.policy import AutoState
+    from specllama.policy import calibration as cal
+
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cal, "NOISY", float("inf"))  # tiny models are all jitter
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    assert AutoState.measuring(dec) == ("measuring decode costs for these models and thread "
+                                        "count (a few seconds at most; kept for next time)")
+    meter_says(0.6)
+    AutoState.calibrated(dec)  # measured on a busy machine: kept, as disturbed
+    assert AutoState.measuring(dec) == (
+        "measuring decode costs again: the last measurement was disturbed by other processes "
+        "(a few seconds at most; the better one is kept)")
+    meter_says(0.0)
+    AutoState.calibrated(dec)
+    assert AutoState.measuring(dec) is None  # quiet figures cached: nothing to measure
+    assert AutoState.measuring(dec, refresh=True).startswith("measuring decode costs again "
+                                                             "(--recalibrate")
+    dec.close()
+
+
 # ------------------------------------------------------------------ 4 and 12: the README
 
 

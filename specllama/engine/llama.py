@@ -24,6 +24,13 @@ import numpy as np
 from ..errors import ContextOverflowError, DraftDerivationError, ModelLoadError
 from .gguf import check_gguf_file
 
+# llama.cpp's CPU threads (OpenMP in this build) spin while they wait for each other at
+# every step: when another process takes one of their cores, the spinning ones burn the
+# time the others need and a step takes 10x longer (docs/performance.md). Passive waiting
+# sleeps instead. libgomp reads this once, when llama_cpp loads it; a user's setting wins.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+
 try:
     import llama_cpp as lc
 except ImportError as exc:  # pragma: no cover - depends on the install
