@@ -10,7 +10,8 @@ from typing import Literal
 
 from .stats import Stats
 
-FinishReason = Literal["eos", "length", "stop", "context", "interrupted"]
+# "error": an exception ended the generation (the caches are still consistent).
+FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error"]
 
 
 @dataclass(frozen=True)

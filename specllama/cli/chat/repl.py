@@ -36,6 +36,7 @@ _FINISH_NOTES = {
     "interrupted": "interrupted",
     "length": "cut at max_tokens",
     "context": "cut: the context window is full",
+    "error": "cut by an error",
 }
 
 
