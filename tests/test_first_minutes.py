@@ -349,3 +349,28 @@ def test_temp_is_an_alias_of_temperature(run, tiny):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["settings"]["temperature"] == 0.0
     assert "--temperature, --temp" in run("generate", "--help").stdout
+
+
+def test_plain_on_a_real_terminal(tiny_target, tiny_draft):
+    """--plain in a pseudo-terminal (stdout and stderr both a tty): not one escape code."""
+    import os
+    import shutil
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    exe = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    env["TERM"] = "xterm-256color"
+    args = ["generate", "Hello world", "--target", str(tiny_target), "--draft", str(tiny_draft),
+            "--threads", "1", "--n-ctx", "256", "--raw", "--max-tokens", "6", "--draft-max", "2"]
+
+    def output(*extra):
+        child = pexpect.spawn(exe, [*args, *extra], env=env, encoding="utf-8", timeout=60)
+        out = child.read()
+        child.close()
+        assert child.exitstatus == 0, out
+        return out
+
+    assert "\x1b[" in output()  # the control: styled on a terminal
+    plain = output("--plain")
+    assert "\x1b[" not in plain and "speculation" in plain
