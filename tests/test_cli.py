@@ -72,7 +72,8 @@ def test_generate_json(run, tiny):
                  "--seed", 4, "--temperature", 0.9, "--draft-max", 2, "--stop", "zz")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"text", "tokens", "prompt_tokens", "finish_reason", "stats", "settings"}
+    assert set(data) == {"text", "tokens", "prompt_tokens", "finish_reason", "stats", "settings",
+                         "vs_target_alone", "busy"}
     assert len(data["tokens"]) <= 6
     assert data["settings"]["temperature"] == 0.9
     assert data["settings"]["seed"] == 4

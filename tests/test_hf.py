@@ -977,3 +977,34 @@ def test_llama_cpp_loads_tiny_models_from_the_hf_cache(tmp_path, hf_cache, tiny_
         assert dec.draft is not None
     finally:
         dec.close()
+
+
+# --------------------------------------------------------------------------- on the command line
+
+
+def test_hf_sources_work_in_flags_as_in_the_file(tmp_path, hf_cache, tiny_target):
+    """`--target hf://...` is read by the same rules as models.toml (the `//` kept)."""
+    from click.testing import CliRunner
+
+    from specllama.cli import cli
+
+    snapshot = add_to_cache(hf_cache, "someone/tiny-GGUF", {"tiny.gguf": tiny_target})
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["generate", "Hello", *map(str, args), "--raw", "--json",
+                                        "--max-tokens", "2", "--threads", "1", "--n-ctx", "256"])
+
+    ok = run("--target", "hf://someone/tiny-GGUF/tiny.gguf", "--draft", "lookup")
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith("{") and str(snapshot / "tiny.gguf") in ok.stdout
+    glob = run("--target", "hf://someone/tiny-GGUF/*.gguf", "--draft", "lookup")
+    assert glob.exit_code == 0, glob.output
+    missing = run("--target", "hf://someone/tiny-GGUF/other.gguf", "--draft", "lookup")
+    assert missing.exit_code == 2 and missing.stdout == ""
+    assert missing.stderr == (
+        "specllama: error: target model: someone/tiny-GGUF/other.gguf is not in the Hugging "
+        "Face cache (~/.cache/huggingface/hub) and downloads are off (HF_HUB_OFFLINE=1); "
+        f"run: {CLI} download someone/tiny-GGUF other.gguf\n")
+    bad = run("--target", "hf://someone", "--draft", "lookup")
+    assert bad.exit_code == 2
+    assert bad.stderr.startswith('specllama: error: --target: must look like "hf://OWNER/REPO/')

@@ -206,7 +206,7 @@ def test_auto_stays_off_where_drafting_cannot_pay():
     ks = run_rounds(policy, 200, accept_all=True)
     assert ks == [0] * 200  # not even a probe: at 90% acceptance it would still lose
     note = policy.describe()
-    assert note.startswith("auto: speculation paused: verifying")
+    assert note.startswith("auto: drafting would not pay here: 1 draft a round would run at")
     assert "one token here" in note and "no probes" in note
 
 
@@ -215,7 +215,7 @@ def test_auto_drafts_when_it_pays_and_learns_acceptance():
     ks = run_rounds(policy, 40, accept_all=True)
     assert ks[0] > 0 and ks[-1] >= ks[0]
     assert policy.state.sources["model"].acceptance.overall > 0.9
-    assert "drafted" in policy.describe() and "expected" in policy.describe()
+    assert "drafted" in policy.describe() and "predicted" in policy.describe()
 
 
 def test_auto_pauses_when_drafts_fail_then_probes():
@@ -229,7 +229,7 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     assert probes and all(ks[i] <= 2 for i in probes)  # short probes
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps and all(g == PROBE_EVERY for g in gaps)  # one probe every PROBE_EVERY rounds
-    assert "speculation paused" in policy.describe() and "probed" in policy.describe()
+    assert "would not pay" in policy.describe() and "probed" in policy.describe()
 
 
 def test_auto_sources_are_separate():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import secrets
 import sys
 from typing import Any
 
@@ -11,8 +13,10 @@ import click
 from ..engine.decoder import SpeculativeDecoder
 from ..engine.events import Finished
 from ..errors import InvalidParameterError
+from ..policy.compare import compare_with_target, needs_measuring
+from ..policy.cpumeter import CpuMeter
 from .options import model_options, open_decoder, pass_options, sampling_options
-from .ui import TokenPrinter, stats_table, stderr_console
+from .ui import TokenPrinter, spinner, stats_table, stderr_console
 
 EXIT_INTERRUPTED = 130
 
@@ -62,10 +66,13 @@ def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
 @pass_options
 def generate(opts: dict[str, Any]) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
-    err = stderr_console()
+    err = stderr_console(plain=opts["plain"])
     text = read_prompt(opts["prompt"])
     decoder, settings = open_decoder(opts, err)
     settings.stop = tuple(opts["stop"])
+    if settings.sampling.seed is None:
+        # Drawn here and recorded (--json, the stats), so any run can be repeated.
+        settings.sampling = dataclasses.replace(settings.sampling, seed=secrets.randbits(31))
     tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
     printer = None if opts["as_json"] else TokenPrinter(color=False if opts["plain"] else None)
     stream = decoder.stream(
@@ -77,6 +84,8 @@ def generate(opts: dict[str, Any]) -> None:
         stop=settings.stop,
     )
     interrupted = False
+    meter = CpuMeter()  # how much of the CPU others took: the figures' reliability
+    meter.start()
     try:
         for event in stream:
             if printer is not None:
@@ -87,11 +96,18 @@ def generate(opts: dict[str, Any]) -> None:
         interrupted = True
     finally:
         stream.close()
+    busy = meter.stop()
     result = stream.result
     if result is None:  # interrupted while the prompt was read: nothing to report
         decoder.close()
         click.echo("specllama: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    if result.stats.drafted and needs_measuring(decoder):
+        with spinner(err, "measuring the target's step cost, to compare with (kept for next "
+                     "time)"):
+            comparison = compare_with_target(decoder, result.stats)
+    else:
+        comparison = compare_with_target(decoder, result.stats)
     if opts["as_json"]:
         click.echo(
             json.dumps(
@@ -101,6 +117,8 @@ def generate(opts: dict[str, Any]) -> None:
                     "prompt_tokens": result.prompt_tokens,
                     "finish_reason": result.finish_reason,
                     "stats": result.stats.to_dict(),
+                    "vs_target_alone": dataclasses.asdict(comparison),
+                    "busy": busy,
                     "settings": settings.as_dict(),
                 },
                 ensure_ascii=False,
@@ -110,7 +128,8 @@ def generate(opts: dict[str, Any]) -> None:
         if printer.printed and not printer.printed.endswith("\n"):
             printer.out.write("\n")
         printer.out.flush()
-        err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}"))
+        err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
+                              comparison=comparison, busy=busy))
     decoder.close()
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)

@@ -8,6 +8,7 @@ table's default.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,11 @@ from ..engine.drafts import DraftMode
 from ..engine.sampling import SamplingParams
 from ..engine.settings import DRAFT_MAX_WORDS, LIVE_SETTINGS, SETTINGS, default, validate_setting
 from ..errors import InvalidParameterError
-from ..models.config import Pair, find_and_load_config
+from ..models.config import Pair, find_and_load_config, source_from_flag
+from ..models.hf import resolve_hf
 from ..models.sources import check_gguf_file, resolve_pair
 from ..policy import AutoState
+from ..policy.cpumeter import MIN_WALL_S, CpuMeter, cores, threads_for
 from .ui import spinner
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,7 +58,7 @@ def setting_option(name: str) -> Callable[[F], F]:
     elif s.type is str:
         kind = click.Choice(s.words)
     shown = "" if s.default is None else f" [default {s.default}]"
-    return click.option(s.flag, name, type=kind, help=s.help + shown)
+    return click.option(s.flag, *s.aliases, name, type=kind, help=s.help + shown)
 
 
 def settings_markdown() -> str:
@@ -65,7 +68,8 @@ def settings_markdown() -> str:
         where = ", ".join(w for w, ok in (("[defaults]", s.in_file), ("/set", not s.at_load))
                           if ok) or "-"
         shown = "-" if s.default is None or s.default == () else f"`{s.default}`"
-        rows.append(f"| `{s.flag}` | {where} | {shown} | {s.help} |")
+        flags = ", ".join(f"`{f}`" for f in (s.flag, *s.aliases))
+        rows.append(f"| {flags} | {where} | {shown} | {s.help} |")
     return "\n".join(rows)
 
 
@@ -160,21 +164,31 @@ class ModelChoice:
     draft_label: str
 
 
+def _flag_model(value: str, role: str, progress: Callable[[str], None]) -> Path | None:
+    """A --target/--draft value as a checked GGUF path (None: a lookup draft)."""
+    source = source_from_flag(value, role=role)
+    if source.kind == "lookup":
+        return None
+    if source.kind == "hf":
+        return resolve_hf(source, what=f"{role} model", hint="", progress=progress)
+    assert source.path is not None
+    return check_gguf_file(source.path, what=f"{role} model")
+
+
 def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> ModelChoice:
     """The files to load, from --target/--draft or a pair in models.toml."""
     if opts.get("target"):
         if opts.get("pair_name"):
             raise InvalidParameterError("give either --pair or --target/--draft, not both")
-        target = check_gguf_file(Path(opts["target"]).expanduser(), what="target model")
         draft_opt = opts.get("draft")
         if not draft_opt:
             raise InvalidParameterError(
                 "--target needs --draft (a GGUF file, or 'lookup' for prompt-lookup drafts)"
             )
-        if draft_opt == "lookup":
-            return ModelChoice(target, None, None, "lookup")
-        draft_file = check_gguf_file(Path(draft_opt).expanduser(), what="draft model")
-        return ModelChoice(target, draft_file, None, str(draft_file))
+        target = _flag_model(opts["target"], "target", progress)
+        assert target is not None  # "lookup" is refused for a target
+        draft_file = _flag_model(draft_opt, "draft", progress)
+        return ModelChoice(target, draft_file, None, str(draft_file) if draft_file else "lookup")
     if opts.get("draft"):
         raise InvalidParameterError("--draft needs --target (or choose a pair with --pair)")
     config = find_and_load_config(opts.get("config_path"))
@@ -209,6 +223,9 @@ def open_decoder(
     names = choice.target.name + (f" + {choice.draft.name}" if choice.draft else "")
     if rpc:
         names += f" (target on {', '.join(rpc)})"
+    meter = CpuMeter()
+    meter.start()
+    t0 = time.perf_counter()
     with spinner(console, f"loading {names}") as say:
         decoder = SpeculativeDecoder.load(
             choice.target,
@@ -218,10 +235,19 @@ def open_decoder(
             p_min=merged["p_min"],
             target_rpc=rpc,
         )
+        if merged["threads"] is None:
+            _choose_threads(decoder, meter, t0, console)
         if merged["draft_max"] == "auto" or opts.get("recalibrate"):
             # Here rather than at the first round, so the time shows as loading.
-            say("measuring decode costs (cached for next time)")
-            AutoState.for_decoder(decoder, refresh=bool(opts.get("recalibrate")))
+            refresh = bool(opts.get("recalibrate"))
+            why = AutoState.measuring(decoder, refresh=refresh)
+            if why:
+                say(why)
+            AutoState.for_decoder(decoder, refresh=refresh)
+    if decoder.n_ctx != merged["n_ctx"]:
+        # llama.cpp rounds the context up (to a multiple of 256): say so, not silently.
+        console.print(f"note: the context window is {decoder.n_ctx} tokens, not "
+                      f"{merged['n_ctx']}: llama.cpp rounds it up to what it supports")
     settings = RunSettings(
         sampling=sampling,
         max_tokens=merged["max_tokens"],
@@ -236,6 +262,25 @@ def open_decoder(
         rpc=rpc,
     )
     return decoder, settings
+
+
+def _choose_threads(decoder: SpeculativeDecoder, meter: CpuMeter, t0: float,
+                    console: Console) -> None:
+    """Without --threads: as many threads as there are cores other processes left
+    free while the models loaded (llama.cpp's threads stall on a core in use)."""
+    left = MIN_WALL_S - (time.perf_counter() - t0)
+    if left > 0:
+        time.sleep(left)  # /proc/stat needs this long to tell busy from idle
+    busy = meter.stop()
+    n_cores = cores()
+    n = threads_for(busy, n_cores)
+    if n != decoder.target.n_threads:
+        for model in (decoder.target, decoder.draft):
+            if model is not None:
+                model.set_threads(n)
+    if busy is not None and n < n_cores:
+        console.print(f"note: other processes are using {busy:.0%} of the CPU, so this runs "
+                      f"on {n} thread{'s' if n > 1 else ''} of {n_cores} (--threads N to choose)")
 
 
 def pass_options(f: Callable[[dict[str, Any]], None]) -> Callable[..., None]:

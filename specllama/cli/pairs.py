@@ -6,15 +6,13 @@ import sys
 import time
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ..engine.decoder import SpeculativeDecoder
 from ..engine.drafts import DraftMode
 from ..engine.sampling import SamplingParams
 from ..errors import SpecLlamaError
-from ..models.config import find_and_load_config
-from ..models.sources import pending_downloads, resolve_pair, source_status
+from ..models.config import Pair, find_and_load_config, packaged_config_path
+from ..models.sources import locations, pending_downloads, resolve_pair, source_status
 from .ui import stderr_console
 
 
@@ -23,41 +21,44 @@ def pairs() -> None:
     """List and inspect the model pairs in models.toml."""
 
 
+def _origin(pair: Pair) -> str:
+    if pair.config_path is None or pair.config_path.resolve() == packaged_config_path().resolve():
+        return "built in"
+    return f"defined in {pair.config_path}"
+
+
 @pairs.command("list")
 @click.option("--config", "config_path", metavar="FILE", help="models.toml to use.")
 def pairs_list(config_path: str | None) -> None:
-    """Every pair, its models, and whether they are on this machine."""
+    """Every pair, its models, whether they are on this machine, and where it is defined."""
     config = find_and_load_config(config_path)
-    table = Table(title=f"pairs in {config.path}", title_justify="left")
-    for col in ("name", "target", "draft", "status"):
-        table.add_column(col)
+    # Lines rather than a table: a table at 80 columns cuts names and paths short.
     for name, pair in config.pairs.items():
         mark = " (default)" if name == config.default else ""
-        table.add_row(
-            name + mark,
-            pair.target.describe(),
-            pair.draft.describe(),
-            source_status(pair),
-        )
-    Console(soft_wrap=False).print(table)
+        click.echo(f"{name}{mark}: {source_status(pair)}; {_origin(pair)}")
+        click.echo(f"  target: {pair.target.describe()}")
+        click.echo(f"  draft:  {pair.draft.describe()}")
 
 
 @pairs.command("show")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--config", "config_path", metavar="FILE", help="models.toml to use.")
-def pairs_show(name: str, config_path: str | None) -> None:
-    """One pair in full: sources, where they resolve, and its defaults."""
+def pairs_show(name: str | None, config_path: str | None) -> None:
+    """One pair (NAME, or the default) in full: sources, where they resolve, defaults."""
     config = find_and_load_config(config_path)
     pair = config.pair(name)
-    click.echo(f"pair:        {pair.name}{' (default)' if name == config.default else ''}")
+    target_at, draft_at = locations(pair)
+    click.echo(f"pair:        {pair.name}{' (default)' if pair.name == config.default else ''}")
     if pair.description:
         click.echo(f"description: {pair.description}")
     click.echo(f"target:      {pair.target.describe()}")
+    click.echo(f"  file:      {target_at}")
     if pair.target_rpc:
         click.echo(f"target on:   rpc {', '.join(pair.target_rpc)}")
     click.echo(f"draft:       {pair.draft.describe()}")
+    click.echo(f"  file:      {draft_at}")
     click.echo(f"status:      {source_status(pair)}")
-    click.echo(f"defined in:  {config.path}")
+    click.echo(f"from:        {_origin(pair)}")
     defaults = pair.defaults.as_dict()
     if defaults:
         click.echo("defaults:    " + ", ".join(f"{k}={v}" for k, v in defaults.items()))
@@ -75,7 +76,10 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
     err = stderr_console()
     config = find_and_load_config(config_path)
     failed = 0
-    for name in names or tuple(config.names):
+    # Without names: the pairs of the file found (the built-in ones when it is the
+    # built-in file), not every built-in pair under a file of one's own.
+    mine = [n for n, p in config.pairs.items() if p.config_path == config.path]
+    for name in names or mine:
         pair = config.pair(name)
         pending = pending_downloads(pair)
         if pending and not names:

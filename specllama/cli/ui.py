@@ -19,12 +19,19 @@ from rich.text import Text
 
 from ..engine.events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
 from ..engine.stats import Stats
+from ..policy.compare import Comparison
+from ..policy.cpumeter import BUSY_WARN
 
 ACCEPTED = "green"
 TARGET = "yellow"
 
 
-def stderr_console() -> Console:
+def stderr_console(*, plain: bool = False) -> Console:
+    """Progress, stats and warnings. plain (--plain): no escape codes at all, not even
+    dim or italic (which NO_COLOR keeps) or a spinner's cursor codes."""
+    if plain:
+        return Console(file=sys.stderr, highlight=False, soft_wrap=True, color_system=None,
+                       force_terminal=False)
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
@@ -77,10 +84,19 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def stats_table(stats: Stats, *, title: str = "specllama") -> Table:
+def stats_table(stats: Stats, *, title: str = "specllama", comparison: Comparison | None = None,
+                busy: float | None = None) -> Table:
+    """The stats panel. It leads with how the run compares with the target alone
+    (`comparison`) and, when other processes took much of the CPU (`busy`), says so."""
     table = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left")
     table.add_column(style="dim")
     table.add_column()
+    off = comparison is not None and comparison.verdict == "off"
+    if comparison is not None:
+        table.add_row("speculation", Text(comparison.line(stats.policy_note if off else ""),
+                                          style=VERDICT_STYLES[comparison.verdict]))
+    if busy is not None and busy >= BUSY_WARN:
+        table.add_row("busy", Text(busy_warning(busy), style="yellow"))
     table.add_row("tokens", f"{stats.tokens} in {stats.target_steps} target steps "
                   f"({stats.tokens_per_step:.2f} per step)")
     if stats.drafted:
@@ -95,19 +111,30 @@ def stats_table(stats: Stats, *, title: str = "specllama") -> Table:
     g = stats.generate_s or 1.0
     table.add_row("time", f"{_fmt_s(stats.generate_s)}: target {stats.target_s / g:.0%}, "
                   f"draft {stats.draft_s / g:.0%}, overhead {stats.overhead_share:.1%}")
-    if stats.policy_note:
+    if stats.policy_note and not off:  # when off, the first line gave the note
         table.add_row("draft length", f"mean {stats.mean_draft_length:.2f}; {stats.policy_note}")
     table.add_row("target on", stats.target_at)
     return table
 
 
-def stats_footer(stats: Stats) -> Text:
+VERDICT_STYLES = {"helped": "green", "hurt": "red", "even": "", "off": "yellow"}
+
+
+def busy_warning(busy: float) -> str:
+    return (f"other processes used {busy:.0%} of the CPU during this run: these figures "
+            "are lower and noisier than this machine's")
+
+
+def stats_footer(stats: Stats, *, busy: float | None = None) -> Text:
     """One line under each chat reply."""
     parts = [f"{stats.tokens} tok", f"{stats.tokens_per_s:.1f} tok/s",
              f"{stats.tokens_per_step:.2f} tok/step"]
     if stats.drafted:
         parts.insert(1, f"accept {stats.acceptance_rate:.0%}")
-    return Text("  ".join(parts), style="dim")
+    footer = Text("  ".join(parts), style="dim")
+    if busy is not None and busy >= BUSY_WARN:
+        footer.append(f"  (busy: other processes used {busy:.0%} of the CPU)", style="yellow")
+    return footer
 
 
 @contextlib.contextmanager

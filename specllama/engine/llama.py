@@ -32,6 +32,13 @@ from ..errors import (
 from . import rpc as rpc_net
 from .gguf import check_gguf_file
 
+# llama.cpp's CPU threads (OpenMP in this build) spin while they wait for each other at
+# every step: when another process takes one of their cores, the spinning ones burn the
+# time the others need and a step takes 10x longer (docs/performance.md). Passive waiting
+# sleeps instead. libgomp reads this once, when llama_cpp loads it; a user's setting wins.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+
 try:
     import llama_cpp as lc
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -335,6 +342,12 @@ class Model:
         self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+
+    def set_threads(self, n_threads: int) -> None:
+        """Decode with n_threads from now on (chosen once the load has shown how busy
+        the machine is)."""
+        self.n_threads = max(1, int(n_threads))
+        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:

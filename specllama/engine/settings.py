@@ -131,6 +131,7 @@ class Setting:
     in_file: bool = True  # may be set in models.toml [defaults]
     at_load: bool = False  # fixed once the models are loaded (so not /set)
     words: tuple[str, ...] = ()  # values allowed besides numbers, or the only ones
+    aliases: tuple[str, ...] = ()  # other spellings of the flag (llama.cpp's, Ollama's)
 
     @property
     def flag(self) -> str:
@@ -165,7 +166,8 @@ def _seed_check(value: Any) -> tuple[Any, str | None]:
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("n_ctx", int, 2048, "Context window in tokens.", _int_at_least(16), at_load=True),
-    Setting("threads", int, None, "CPU threads (default: all cores).", _int_at_least(1),
+    Setting("threads", int, None, "CPU threads (default: the cores other processes leave free).",
+            _int_at_least(1),
             at_load=True),
     # A tuple setting is a repeatable flag; models.toml gives it per target (rpc = [...]).
     Setting("rpc", tuple, (), "Run the target on this llama.cpp RPC server (HOST:PORT; "
@@ -178,7 +180,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Who drafts: the draft model, prompt lookup, or both (default: the draft "
             "model, or lookup when there is none).", _check_draft_mode, in_file=False,
             words=DRAFT_MODES),
-    Setting("temperature", float, 0.8, "0 = greedy.", _float_in(0.0, None)),
+    Setting("temperature", float, 0.8, "0 = greedy.", _float_in(0.0, None),
+            aliases=("--temp",)),
     Setting("top_k", int, 0, "Keep the k most likely tokens (0 = off).", _int_at_least(0)),
     Setting("top_p", float, 1.0, "Nucleus sampling mass in (0, 1].",
             _float_in(0.0, 1.0, lo_open=True)),

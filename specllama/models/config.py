@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 from ..engine.settings import FILE_SETTINGS, SETTINGS, got, show, validate_setting
 from ..errors import ConfigError
 from .schema import (
+    CONFIG_FILENAME,
     DERIVE_QUANTS,
     HF_DEFAULT_REVISION,
     HF_SCHEME,
@@ -78,6 +79,7 @@ __all__ = [
     "find_config",
     "load_config",
     "packaged_config_path",
+    "source_from_flag",
     "user_config_path",
     "validate_setting",
 ]
@@ -450,6 +452,35 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return _Loader(absolute, display).load(parsed)
 
 
+class _FlagLoader(_Loader):
+    """Reads a --target/--draft value with models.toml's rules for a source string."""
+
+    def fail(self, key: str, message: str) -> NoReturn:
+        raise ConfigError(f"{key}: {message}")
+
+
+def source_from_flag(value: str, *, role: str) -> ModelSource:
+    """A --target/--draft value as a source: the same strings as in models.toml (a
+    path, relative to the current directory here; "hf://OWNER/REPO/FILE"; "lookup"
+    for a draft), so a source written on the command line works as in the file."""
+    loader = _FlagLoader(Path.cwd() / CONFIG_FILENAME, "command line")
+    return loader.source(value, (f"--{role}",), role=role)
+
+
 def find_and_load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
-    """``load_config(find_config(explicit))``."""
-    return load_config(find_config(explicit))
+    """``load_config(find_config(explicit))`` with the built-in pairs added under the
+    file's own: a models.toml of one's own adds pairs rather than hiding the built-in
+    ones, and wins where a name is in both. Each pair's ``config_path`` says where it
+    came from."""
+    config = load_config(find_config(explicit))
+    packaged = packaged_config_path().resolve()
+    if config.path.resolve() == packaged:
+        return config
+    builtin = load_config(packaged)
+    pairs = dict(config.pairs)
+    for name, pair in builtin.pairs.items():
+        pairs.setdefault(name, pair)
+    # The file's default; a file with a single pair and no default means that pair, as
+    # it did on its own.
+    default = config.default or (next(iter(config.pairs)) if len(config.pairs) == 1 else None)
+    return Config(path=config.path, default=default, pairs=pairs)

@@ -40,6 +40,7 @@ __all__ = [
     "hf_cache_dir",
     "hf_cli",
     "hf_offline",
+    "locations",
     "pending_downloads",
     "resolve_pair",
     "resolve_source",
@@ -188,6 +189,37 @@ def pending_downloads(pair: Pair) -> list[str]:
         if source.kind == "hf" and not hf_lookup(source, hf_cache_dir()).complete:
             pending.append(f"{role}: {source.describe()}")
     return pending
+
+
+def locations(pair: Pair) -> tuple[str, str]:
+    """Where the target and the draft resolve on this machine, as text: a file, or
+    why there is none yet. Never loads, derives or downloads anything."""
+    target: Path | None = None
+
+    def where(source: ModelSource) -> str:
+        nonlocal target
+        try:
+            if source.kind == "lookup":
+                return "no file (prompt lookup)"
+            if source.kind == "hf":
+                cached = hf_lookup(source, hf_cache_dir())
+                if not cached.complete:
+                    return f"not downloaded yet (into {hf_cache_dir()})"
+                found = check_gguf_file(cached.path, what=_role(source, pair))
+            elif source.kind == "derive":
+                if target is None:
+                    return "derived from the target once the target is here"
+                made = derived_path(target, source.quant or "")
+                return str(made) if made.exists() else f"{made} (made on first use)"
+            else:
+                found = resolve_source(source, pair=pair)
+        except (ModelLoadError, DraftDerivationError) as exc:
+            return f"missing: {exc}"
+        if source == pair.target:
+            target = found
+        return str(found)
+
+    return where(pair.target), where(pair.draft)
 
 
 def source_status(pair: Pair) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..engine.lengths import RoundOutcome
-from .calibration import DRAFT_MAX_N, TARGET_MAX_N, CostCurve, calibrate
+from .calibration import DRAFT_MAX_N, TARGET_MAX_N, CostCurve, cached, calibrate
 from .costs import DEFAULT_MARGIN, Decision, RoundCosts, decide
 
 if TYPE_CHECKING:
@@ -114,6 +114,25 @@ class AutoState:
         if not isinstance(state, AutoState) or refresh:
             state = decoder.policy_state["auto"] = cls.calibrated(decoder, refresh=refresh)
         return state
+
+    @staticmethod
+    def measuring(decoder: SpeculativeDecoder, *, refresh: bool = False) -> str | None:
+        """What creating the decoder's state will measure, in words for a spinner;
+        None when the cached costs serve."""
+        if refresh:
+            return "measuring decode costs again (--recalibrate; a few seconds at most)"
+        if isinstance(decoder.policy_state.get("auto"), AutoState):
+            return None
+        found = [cached(decoder.target, TARGET_MAX_N)]
+        if decoder.draft is not None:
+            found.append(cached(decoder.draft, DRAFT_MAX_N))
+        if any(c is None for c in found):
+            return ("measuring decode costs for these models and thread count (a few "
+                    "seconds at most; kept for next time)")
+        if not all(c is not None and c.quiet for c in found):
+            return ("measuring decode costs again: the last measurement was disturbed by "
+                    "other processes (a few seconds at most; the better one is kept)")
+        return None
 
     @classmethod
     def calibrated(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
@@ -244,16 +263,17 @@ class AutoDraftLength:
         label = "" if source == "model" else f"{source}: "
         real = tally.drafted - tally.probes
         if not d.speculate:
-            msg = (f"{label}speculation paused: {verify}; at {alpha:.0%} acceptance drafting "
-                   f"{k} would run at {d.speedup:.2f}x the target alone")
+            msg = (f"{label}drafting would not pay here: {k} draft{'s' if k > 1 else ''} a "
+                   f"round would run at {d.speedup:.2f}x the target alone at {alpha:.0%} "
+                   f"acceptance ({verify})")
             if tally.probes:
                 return msg + f" (probed {tally.probes}x)"
             if not self._hopeful(src).speculate:
                 return msg + (f"; even at {self._optimistic(src):.0%} acceptance it would "
-                              "not pay, so no probes")
+                              "not, so no probes")
             return msg
         share = real / tally.rounds
         when = "" if share >= 0.95 else f" in {share:.0%} of rounds"
         return (f"{label}drafted{when}, k {tally.k_sum / max(1, tally.drafted):.1f} on average, "
-                f"acceptance {alpha:.0%}: expected "
+                f"acceptance {alpha:.0%}: the cost model predicted "
                 f"{tally.speedup_sum / max(1, real):.2f}x the target alone ({verify})")

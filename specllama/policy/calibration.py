@@ -17,6 +17,7 @@ cache holds and are cut off again, and the model's counters are restored.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -34,12 +35,15 @@ from ..paths import cache_dir
 from .cpumeter import CpuMeter
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
 DRAFT_MAX_N = 2  # a draft step is 1 token; 2 after a fully accepted round
 #: Batch sizes timed; the others are interpolated.
 MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 pass)
+#: Hard limit of one model's measurement, warm-up included: on a busy machine a batch
+#: of 16 can take a second, and the user is waiting for the first token.
+LIMIT_S = 2.0
 MIN_PASSES, MAX_PASSES = 3, 9
 NOISY = 0.15  # T(1) samples this scattered (relative MAD): measured on a busy machine
 BUSY = 0.10  # other processes used this share of the CPU while measuring: not kept
@@ -143,12 +147,14 @@ def measure_curve(
     budget_s: float = DEFAULT_BUDGET_S,
     min_passes: int = MIN_PASSES,
     max_passes: int = MAX_PASSES,
+    limit_s: float = LIMIT_S,
 ) -> CostCurve:
     """Time one decode of n tokens (logits of every row) for the points in
     MEASURE_POINTS up to max_n, in interleaved passes; medians per point.
 
-    At least one pass is always made; passes repeat up to `min_passes` and then
-    while the next one fits in `budget_s` (a slow model gets fewer passes)."""
+    Passes repeat up to `min_passes` and then while the next one fits in `budget_s`
+    (a slow model gets fewer passes); after `limit_s` (warm-up included) it stops
+    where it is: batch sizes not timed yet are interpolated from those that were."""
     max_n = max(1, min(max_n, model.n_batch))
     with _preserved(model) as base:
         context = 16 if base == 0 else 0  # time the decode at a realistic small position
@@ -171,22 +177,26 @@ def measure_curve(
             model.truncate(start)
             return dt
 
+        t_begin = time.perf_counter()
+
+        def over() -> bool:
+            return time.perf_counter() - t_begin > limit_s
+
         timed(max_n)  # warm up: first touch of the weights, compute buffers
         timed(1)
         samples: dict[int, list[float]] = {n: [] for n in points}
-        t_begin = time.perf_counter()
         passes = 0
         while passes < max_passes:
             order = points if passes % 2 == 0 else points[::-1]
             t_pass = time.perf_counter()
             for n in order:
                 samples[n].append(timed(n))
-                if passes and time.perf_counter() - t_begin > 3 * budget_s:
+                if over():
                     break  # a slow (or busy) machine: what we have beats making the user wait
             samples[1].append(timed(1))  # the normalizer gets twice the samples
             passes += 1
             now = time.perf_counter()
-            if now - t_begin > 3 * budget_s:
+            if over():
                 break
             if passes >= min_passes and (now - t_begin) + (now - t_pass) > budget_s:
                 break
@@ -270,41 +280,58 @@ def cache_path(
 class Calibration:
     curve: CostCurve
     key: dict[str, Any] = field(default_factory=dict)
-    from_cache: bool = False
-    measure_s: float = 0.0  # seconds spent measuring now (0 when cached)
-    path: Path | None = None  # the cache file (None when it was not written)
+    from_cache: bool = False  # the curve is the cached one (measured on an earlier load)
+    measure_s: float = 0.0  # seconds spent measuring now (0 when not measured)
+    path: Path | None = None  # the cache file holding the curve (None: not kept)
     busy: float | None = None  # share of the CPU other processes used while measuring
+    quiet: bool = True  # measured on a quiet machine (a disturbed curve is re-measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {"curve": self.curve.to_dict(), "key": self.key, "from_cache": self.from_cache,
                 "measure_s": self.measure_s, "path": str(self.path) if self.path else None,
-                "busy": self.busy}
+                "busy": self.busy, "quiet": self.quiet}
+
+    @property
+    def disturbance(self) -> float:
+        """How far from quiet the measurement was: lower is better."""
+        return (self.busy or 0.0) + self.curve.noise
 
 
-def _read(path: Path, key: dict[str, Any], max_n: int) -> CostCurve | None:
+def _read(path: Path, key: dict[str, Any], max_n: int) -> Calibration | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("key") != key:
             return None
         curve = CostCurve.from_dict(data["curve"])
+        busy = data.get("busy")
+        calibration = Calibration(curve, key, True, 0.0, path,
+                                  None if busy is None else float(busy), bool(data["quiet"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return curve if curve.max_n >= max_n else None
+    return calibration if curve.max_n >= max_n else None
 
 
-def _write(path: Path, key: dict[str, Any], curve: CostCurve) -> bool:
+def _write(path: Path, key: dict[str, Any], calibration: Calibration) -> bool:
     """Atomic write; False (silently) where the cache dir is not writable."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = {"key": key, "curve": calibration.curve.to_dict(), "created": time.time(),
+            "busy": calibration.busy, "quiet": calibration.quiet}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": key, "curve": curve.to_dict(),
-                                   "created": time.time()}, indent=1), encoding="utf-8")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(tmp, path)
         return True
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+
+
+def cached(model: Model, max_n: int = TARGET_MAX_N) -> Calibration | None:
+    """The cached calibration of `model`, if one is valid (quiet or not)."""
+    max_n = max(1, min(max_n, model.n_batch))
+    return _read(cache_path(model.path, model.n_threads, model.placement),
+                 cache_key(model.path, model.n_threads, model.placement), max_n)
 
 
 def calibrate(
@@ -314,24 +341,24 @@ def calibrate(
     use_cache: bool = True,
     budget_s: float = DEFAULT_BUDGET_S,
 ) -> Calibration:
-    """The cost curve of `model` up to max_n tokens: from the cache when it is
-    still valid (and use_cache), else measured now and cached unless the machine
-    was busy meanwhile."""
+    """The cost curve of `model` up to max_n tokens: the cached one when it is valid
+    and was measured on a quiet machine (and use_cache); else measured now (in at
+    most LIMIT_S), and the less disturbed of the new and the cached curve is kept."""
     max_n = max(1, min(max_n, model.n_batch))
     key = cache_key(model.path, model.n_threads, model.placement)
     path = cache_path(model.path, model.n_threads, model.placement)
-    if use_cache:
-        curve = _read(path, key, max_n)
-        if curve is not None:
-            return Calibration(curve, key, True, 0.0, path)
+    before = _read(path, key, max_n) if use_cache else None
+    if before is not None and before.quiet:
+        return before
     meter = CpuMeter()
     meter.start()
     t0 = time.perf_counter()
     curve = measure_curve(model, max_n, budget_s=budget_s)
     spent = time.perf_counter() - t0
     busy = meter.stop()
-    # A measurement taken while something else loaded the CPU is used now but not
-    # kept: the next load measures again.
     quiet = curve.noise <= NOISY and (busy is None or busy <= BUSY)
-    written = curve.max_n >= max_n and quiet and _write(path, key, curve)
-    return Calibration(curve, key, False, spent, path if written else None, busy)
+    now = Calibration(curve, key, False, spent, None, busy, quiet)
+    if before is not None and before.disturbance < now.disturbance:
+        return dataclasses.replace(before, measure_s=spent)
+    written = curve.max_n >= max_n and _write(path, key, now)
+    return dataclasses.replace(now, path=path if written else None)

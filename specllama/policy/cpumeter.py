@@ -7,6 +7,27 @@ import time
 
 #: /proc/stat counts in ticks of 10 ms: shorter spans cannot tell busy from idle.
 MIN_WALL_S = 0.25
+#: Other processes used this share of the CPU during a run: its figures are not the
+#: machine's (the stats say so).
+BUSY_WARN = 0.25
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not on every platform
+        return os.cpu_count() or 1
+
+
+def threads_for(busy: float | None, n_cores: int) -> int:
+    """Threads for llama.cpp when other processes use `busy` of the CPU. Its threads
+    wait for each other at every step, so one thread on a core another process is
+    using stalls them all (measured 30-50x slower): use the cores that are free."""
+    if busy is None:
+        return n_cores
+    free = n_cores * (1.0 - busy)
+    return max(1, min(n_cores, int(free + 0.3)))
 
 
 def loadavg() -> float | None:

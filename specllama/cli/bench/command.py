@@ -15,7 +15,7 @@ from ...policy.cpumeter import loadavg
 from ..options import RECALIBRATE_OPTION, model_options, open_decoder, setting_option
 from ..ui import stderr_console
 from .prompts import DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
-from .report import describe_environment, render_tables, write_json, write_plot
+from .report import describe_environment, render_tables, verdict, write_json, write_plot
 from .run import DEFAULT_MAX_FOREIGN, DEFAULT_MAX_TOKENS, DEFAULT_REPS, DEFAULT_SEED, run_bench
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,6 +97,7 @@ def bench_command(**opts: Any) -> None:
         decoder.close()
     report["command"] = " ".join(["specllama", *sys.argv[1:]]) if sys.argv else "specllama bench"
     screen = Console(file=sys.stdout, highlight=False)
+    screen.print(verdict(report), style="bold")
     for table in render_tables(report):
         screen.print(table)
     screen.print(describe_environment(report), style="dim")

@@ -12,6 +12,27 @@ from rich.table import Table
 from ...errors import InvalidParameterError
 
 
+def verdict(report: dict[str, Any]) -> str:
+    """The bench's answer in one line, first: did any mode beat the target alone here?"""
+    overall = report["summary"]["overall"]
+    ratios = {name: o["vs_target_geomean"] for name, o in overall.items()
+              if name != "target" and o.get("vs_target_geomean")}
+    if not ratios:
+        return "verdict: only the target alone was measured"
+    best = max(ratios, key=lambda name: ratios[name])
+    r = ratios[best]
+    if r >= 1.05:
+        word = f"speculation pays here: {best} ran at {r:.2f}x the target alone"
+    elif r > 0.95:
+        word = (f"speculation makes no difference here: the best mode, {best}, ran at "
+                f"{r:.2f}x the target alone")
+    else:
+        word = (f"speculation does not pay here: the best mode, {best}, ran at {r:.2f}x "
+                "the target alone")
+    return f"verdict: {word} (geometric mean over {len(report['summary']['per_prompt'])} " \
+           "prompts)"
+
+
 def render_tables(report: dict[str, Any]) -> tuple[Table, Table]:
     """Two rich tables: tok/s per prompt and mode (with the ratio to the target
     alone), and per mode: acceptance, mean k, overhead share."""
@@ -20,7 +41,7 @@ def render_tables(report: dict[str, Any]) -> tuple[Table, Table]:
     settings = report["settings"]
     t = Table(title=f"tokens/s, median of {settings['reps']} repetitions "
               "(ratio to the target alone)", title_justify="left")
-    t.add_column("prompt")
+    t.add_column("prompt", no_wrap=True)  # names stay whole; the figures may wrap
     for name in modes:
         t.add_column(name, justify="right")
     for pid, row in summary["per_prompt"].items():

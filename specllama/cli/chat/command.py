@@ -25,7 +25,7 @@ def chat_command(opts: dict[str, Any]) -> None:
     On a terminal: line editing, history, slash commands (/help). Piped: every
     line of stdin is one message (or a slash command); the replies go to stdout.
     """
-    err = stderr_console()
+    err = stderr_console(plain=bool(opts.get("plain")))
     decoder, settings = open_decoder(opts, err)
     try:
         session = ChatSession(decoder, settings, system=opts.get("system"))

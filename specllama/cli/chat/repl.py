@@ -17,6 +17,8 @@ from rich.text import Text
 from ...engine.events import Finished, TargetToken, TextFlushed, TokensAccepted
 from ...engine.settings import LIVE_SETTINGS
 from ...errors import InvalidParameterError, SpecLlamaError
+from ...policy.compare import compare_with_target
+from ...policy.cpumeter import CpuMeter
 from ..ui import TokenPrinter, stats_footer, stats_table, stderr_console
 from .session import ChatSession, HistoryTrimmed
 
@@ -73,6 +75,7 @@ class ChatREPL:
         self.err = err or stderr_console()
         self.color = color
         self.interactive = interactive
+        self._told_off = False  # said once that speculation is off, and why
 
     # ----------------------------------------------------------------- input
     def lines(self) -> Iterator[str | None]:
@@ -180,6 +183,8 @@ class ChatREPL:
             return self.interactive
         interrupted = False
         started = False
+        meter = CpuMeter()
+        meter.start()
         try:
             for event in events:
                 if isinstance(event, HistoryTrimmed):
@@ -213,14 +218,20 @@ class ChatREPL:
             self.error(exc)
             return True
         self._end_line(printer)
+        busy = meter.stop()
         turn = session.last_turn
         result = turn.result if turn else None
         if result is not None:
-            footer = stats_footer(result.stats)
+            footer = stats_footer(result.stats, busy=busy)
             note = _FINISH_NOTES.get(result.finish_reason)
             if note:
                 footer.append(f"  ({note})", style="yellow")
             self.err.print(footer)
+            if not result.stats.drafted and result.stats.policy_note and not self._told_off:
+                # Once a session: why there were no drafts (auto found they cannot pay).
+                self._told_off = True
+                self.err.print(Text(f"speculation off: the target decodes alone "
+                                    f"({result.stats.policy_note})", style="yellow"))
         elif interrupted:
             self.err.print(Text("(interrupted before the reply began; message withdrawn)",
                                 style="yellow"))
@@ -329,7 +340,8 @@ class ChatREPL:
         if not s.replies:
             return
         self.err.print(
-            stats_table(s.totals, title=f"{title_prefix}: {_plural(s.replies, 'reply', 'replies')}")
+            stats_table(s.totals, title=f"{title_prefix}: {_plural(s.replies, 'reply', 'replies')}",
+                        comparison=compare_with_target(s.decoder, s.totals))
         )
 
 

@@ -346,6 +346,7 @@ class ChatSession:
         self.messages.append(Message("assistant", content.strip(), result.finish_reason))
         self.committed = list(tokens) + generated
         self.totals.merge(result.stats)
+        self.totals.policy_note = result.stats.policy_note  # /stats shows the latest
         self.replies += 1
 
     # -------------------------------------------------------------- commands
