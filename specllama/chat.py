@@ -43,7 +43,17 @@ from rich.text import Text
 
 from .config import validate_setting
 from .errors import ContextOverflowError, InvalidParameterError, SpecLlamaError
-from .events import Event, Finished, PromptEvaluated, TargetToken, TextFlushed, TokensAccepted
+from .events import (
+    DraftProposed,
+    Event,
+    Finished,
+    PromptEvaluated,
+    RoundVerified,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from .liveview import LiveDrafts
 from .options import (
     DRAFT_MODES,
     RunSettings,
@@ -51,9 +61,11 @@ from .options import (
     open_decoder,
     pass_options,
     sampling_options,
+    view_options,
 )
 from .speculative import GenerationResult, SpeculativeDecoder
 from .stats import Stats
+from .trace import TraceRecorder
 from .ui import TokenPrinter, stats_footer, stats_table, stderr_console
 
 # Settings `/set` can change while the models stay loaded.
@@ -190,6 +202,7 @@ class ChatSession:
         self.template: str | None = decoder.target.chat_template()
         self.fold_system = False  # template rejects the system role: prepend to 1st user
         self.notice: str | None = None  # one line for the user about the template
+        self.trace = TraceRecorder(decoder.target.piece)  # for /save FILE.html
         self._check_template()
 
     # ------------------------------------------------------------- templates
@@ -357,10 +370,12 @@ class ChatSession:
             stop=PLAIN_STOP if self.plain_format else (),
             keep_cache=True,
         )
+        self.trace.begin(pending.content)
         try:
             if trimmed is not None:
                 yield trimmed
             for event in stream:
+                self.trace.feed(event)
                 if isinstance(event, PromptEvaluated):
                     turn.reused = event.reused
                     turn.prompt_evaluated = {
@@ -383,6 +398,7 @@ class ChatSession:
         if result is None:
             # Stopped (or failed) before the first token: the turn never happened.
             self.messages.pop()
+            self.trace.generations.pop()
             for model in (target, self.decoder.draft):
                 if model is not None:
                     model.sync_to(self.committed[:-1])
@@ -396,6 +412,7 @@ class ChatSession:
         else:
             content = target.detokenize(body)
             self._anchor = _Anchor(text, list(tokens), content, body)
+        self.trace.finish(result)
         # The message keeps the text stripped; the anchor matches either form.
         self.messages.append(Message("assistant", content.strip(), result.finish_reason))
         self.committed = list(tokens) + generated
@@ -427,6 +444,7 @@ class ChatSession:
         self.messages.clear()
         self.first_kept = 0
         self._anchor = None
+        self.trace.clear()
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
@@ -471,8 +489,12 @@ class ChatSession:
         }
 
     def save(self, path: str | Path) -> str:
-        """Write the transcript: JSON for *.json, Markdown otherwise. Returns the format."""
+        """Write the transcript: JSON for *.json, the trace page for *.html, Markdown
+        otherwise. Returns the format."""
         path = Path(path).expanduser()
+        if path.suffix.lower() in (".html", ".htm"):
+            self.trace.settings = self.settings.as_dict()
+            return self.trace.save(path, title="specllama chat")
         data = self.transcript()
         if path.suffix.lower() == ".json":
             body, kind = json.dumps(data, ensure_ascii=False, indent=2) + "\n", "JSON"
@@ -523,9 +545,11 @@ HELP = [
     ("/help", "this list"),
     ("/reset", "start a new conversation"),
     ("/stats", "totals of this session"),
-    ("/set [NAME VALUE]", "show settings, or change one: " + ", ".join(SETTABLE)),
+    ("/set [NAME VALUE]", "show settings, or change one: " + ", ".join(SETTABLE)
+     + ", show_drafts (on/off), pace (ms)"),
     ("/system [TEXT|-]", "show, set or ('-') remove the system prompt"),
-    ("/save FILE", "save the conversation (FILE.json: JSON, else Markdown)"),
+    ("/save FILE", "save the conversation (FILE.json: JSON, FILE.html: trace page, "
+                   "else Markdown)"),
     ("/exit", "quit (also /quit, Ctrl-D)"),
 ]
 COMMANDS = ("help", "reset", "stats", "set", "system", "save", "exit", "quit")
@@ -565,12 +589,16 @@ class ChatREPL:
         err: Console | None = None,
         color: bool | None = None,
         interactive: bool = False,
+        show_drafts: bool = False,
+        pace_ms: int = 0,
     ) -> None:
         self.session = session
         self.out = out or sys.stdout
         self.err = err or stderr_console()
         self.color = color
         self.interactive = interactive
+        self.show_drafts = show_drafts  # display settings: /set show_drafts, /set pace
+        self.pace_ms = pace_ms
 
     # ----------------------------------------------------------------- input
     def lines(self) -> Iterator[str | None]:
@@ -668,6 +696,8 @@ class ChatREPL:
         """One reply, rendered; False when a piped run was interrupted (stop there)."""
         session = self.session
         printer = TokenPrinter(self.out, color=self.color)
+        if printer.color and (self.show_drafts or self.pace_ms):
+            printer = LiveDrafts(self.out, session.decoder.target.piece, pace_ms=self.pace_ms)
         try:
             events = session.reply(text)
         except SpecLlamaError as exc:
@@ -698,6 +728,8 @@ class ChatREPL:
                         event = dataclasses.replace(event, text=stripped)
                         started = True
                     printer.show(event)
+                elif isinstance(event, (DraftProposed, RoundVerified)):
+                    printer.show(event)
                 elif isinstance(event, Finished):
                     pass
         except KeyboardInterrupt:
@@ -707,9 +739,11 @@ class ChatREPL:
         except SpecLlamaError as exc:
             with _sigint_deferred():
                 events.close()
+            printer.close()
             self._end_line(printer)
             self.error(exc)
             return True
+        printer.close()
         self._end_line(printer)
         turn = session.last_turn
         result = turn.result if turn else None
@@ -791,14 +825,31 @@ class ChatREPL:
     def cmd_set(self, arg: str) -> None:
         if not arg:
             values = self.session.settings.as_dict()
-            for name in SETTABLE:
+            values.update(show_drafts="on" if self.show_drafts else "off", pace=self.pace_ms)
+            for name in (*SETTABLE, "show_drafts", "pace"):
                 self.err.print(Text.assemble((f"{name:12}", "dim"), str(values[name])))
             return
         name, _, value = arg.partition(" ")
         if "=" in name and not value:
             name, _, value = name.partition("=")
+        if name.lower().replace("-", "_") in ("show_drafts", "pace"):
+            self.set_view(name.lower().replace("-", "_"), value.strip())
+            return
         key, parsed = self.session.set(name, value)
         self.err.print(Text(f"{key} = {parsed}", style="dim"))
+
+    def set_view(self, name: str, value: str) -> None:
+        """The REPL's own display settings (the session never sees them)."""
+        if name == "pace":
+            if not value.isdigit():
+                raise InvalidParameterError(f"pace: expected milliseconds >= 0, got {value!r}")
+            self.pace_ms = int(value)
+        elif value.lower() in ("on", "off", "true", "false", "1", "0"):
+            self.show_drafts = value.lower() in ("on", "true", "1")
+        else:
+            raise InvalidParameterError(f"show_drafts: expected on or off, got {value!r}")
+        shown = self.pace_ms if name == "pace" else ("on" if self.show_drafts else "off")
+        self.err.print(Text(f"{name} = {shown}", style="dim"))
 
     def cmd_system(self, arg: str) -> None:
         s = self.session
@@ -843,6 +894,7 @@ def _plural(n: int, one: str, many: str) -> str:
 @sampling_options
 @click.option("--system", metavar="TEXT", help="System prompt for the conversation.")
 @click.option("--plain", is_flag=True, help="No colours.")
+@view_options
 @pass_options
 def chat_command(opts: dict[str, Any]) -> None:
     """Chat with the model pair: replies stream as they are verified.
@@ -856,7 +908,8 @@ def chat_command(opts: dict[str, Any]) -> None:
         session = ChatSession(decoder, settings, system=opts.get("system"))
         interactive = sys.stdin.isatty()
         color = False if opts.get("plain") else None  # None: on a terminal, unless NO_COLOR
-        code = ChatREPL(session, err=err, color=color, interactive=interactive).run()
+        code = ChatREPL(session, err=err, color=color, interactive=interactive,
+                        show_drafts=opts["show_drafts"], pace_ms=opts["pace"]).run()
     finally:
         decoder.close()
     if code:

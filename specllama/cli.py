@@ -7,13 +7,16 @@ import json
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import click
 
 from .errors import InvalidParameterError, SpecLlamaError
 from .events import Finished
-from .options import model_options, open_decoder, pass_options, sampling_options
+from .liveview import LiveDrafts
+from .options import model_options, open_decoder, pass_options, sampling_options, view_options
+from .trace import TraceRecorder, trace_kind
 from .ui import TokenPrinter, stats_table, stderr_console
 
 EXIT_INTERRUPTED = 130
@@ -99,15 +102,23 @@ def prompt_tokens(decoder, text: str, chat: bool | None, system: str | None) -> 
 @click.option("--system", help="System message for --chat.")
 @click.option("--plain", is_flag=True, help="No colours.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@view_options
+@click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
+              "to open or share) or FILE.json (the per-round records).")
 @pass_options
 def generate(opts: dict[str, Any]) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
     err = stderr_console()
+    if opts["trace"]:
+        check_trace_path(opts["trace"])
     text = read_prompt(opts["prompt"])
     decoder, settings = open_decoder(opts, err)
     settings.stop = tuple(opts["stop"])
     tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
     printer = None if opts["as_json"] else TokenPrinter(color=False if opts["plain"] else None)
+    if printer is not None and printer.color and (opts["show_drafts"] or opts["pace"]):
+        printer = LiveDrafts(printer.out, decoder.target.piece, pace_ms=opts["pace"])
+    recorder = TraceRecorder(decoder.target.piece, settings.as_dict()) if opts["trace"] else None
     stream = decoder.stream(
         tokens,
         max_tokens=settings.max_tokens,
@@ -119,6 +130,8 @@ def generate(opts: dict[str, Any]) -> None:
     interrupted = False
     try:
         for event in stream:
+            if recorder is not None:
+                recorder.feed(event)
             if printer is not None:
                 printer.show(event)
             if isinstance(event, Finished):
@@ -127,7 +140,13 @@ def generate(opts: dict[str, Any]) -> None:
         interrupted = True
     finally:
         stream.close()
+        if printer is not None:
+            printer.close()
     result = decoder.last_result
+    if recorder is not None:
+        recorder.finish(result)
+        kind = recorder.save(opts["trace"])
+        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
     if opts["as_json"]:
         click.echo(
             json.dumps(
@@ -150,6 +169,14 @@ def generate(opts: dict[str, Any]) -> None:
     decoder.close()
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def check_trace_path(path: str) -> None:
+    """Before loading anything: a name the trace can be written as, in a folder that exists."""
+    trace_kind(path)
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise InvalidParameterError(f"cannot write the trace {path}: no folder {folder}")
 
 
 @cli.group()

@@ -106,6 +106,29 @@ def sampling_options(f: Callable) -> Callable:
     return f
 
 
+def view_options(f: Callable) -> Callable:
+    """How replies are shown: the live drafts view of the seed demo."""
+    decorators = [
+        click.option(
+            "--show-drafts",
+            is_flag=True,
+            help="On a terminal, show each round's drafts as they are proposed (blue), then "
+            "the verdict: accepted green, rejected struck through, the target's token yellow.",
+        ),
+        click.option(
+            "--pace",
+            type=click.IntRange(min=0),
+            default=0,
+            metavar="MS",
+            help="Pause MS milliseconds after the drafts appear and after each verdict, to "
+            "follow it by eye (implies --show-drafts; timings then include the pauses).",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        f = decorator(f)
+    return f
+
+
 @dataclass
 class RunSettings:
     """Every setting of a run, resolved; what --json reports and /set changes."""

@@ -24,6 +24,7 @@ from .events import (
     Event,
     Finished,
     PromptEvaluated,
+    RoundVerified,
     TargetToken,
     TextFlushed,
     TokensAccepted,
@@ -199,6 +200,7 @@ class SpeculativeDecoder:
                     break
                 limit = min(remaining - 1, room)
                 draft_s0_round, target_s0_round = self._draft_s(), target.decode_s
+                t_round = time.perf_counter()
                 draft = (
                     strategy.propose(
                         committed, lambda src, lim=limit: min(policy.choose(src), lim), params, rng
@@ -212,13 +214,17 @@ class SpeculativeDecoder:
 
                 # Verify: one target pass over [last, d1..dk] gives p_1..p_{k+1}.
                 target.decode([committed[-1], *draft.tokens], "all" if draft.tokens else "last")
+                seen: dict[int, float] = {}  # draft position -> p_i(d_i), for RoundVerified
                 if params.greedy:
                     m, x = verify_greedy(
-                        lambda i: int(np.argmax(target.logits_row(i))), draft.tokens
+                        lambda i: _seen_argmax(seen, draft.tokens, i, target.logits_row(i)),
+                        draft.tokens,
                     )
                 else:
                     m, x = verify(
-                        lambda i: probabilities(target.logits_row(i), params),
+                        lambda i: _seen_p(
+                            seen, draft.tokens, i, probabilities(target.logits_row(i), params)
+                        ),
                         draft.tokens,
                         draft.qs,
                         rng,
@@ -254,9 +260,16 @@ class SpeculativeDecoder:
                 if n_drafted_emitted:
                     accepted_text = text.feed(emitted[:n_drafted_emitted])
                     yield TokensAccepted(tuple(emitted[:n_drafted_emitted]), accepted_text)
+                kind = "plain" if not draft.tokens else ("bonus" if m == k else "correction")
                 if len(emitted) > n_drafted_emitted:
-                    kind = "plain" if not draft.tokens else ("bonus" if m == k else "correction")
                     yield TargetToken(x, text.feed([x]), kind)
+                yield RoundVerified(
+                    tuple(draft.tokens), m, x, kind, len(emitted),
+                    tuple(seen.get(i) for i in range(k)),
+                    tuple(1.0 if q is None else float(q[d]) for d, q in zip(draft.tokens, draft.qs)),
+                    draft.source, self._draft_s() - draft_s0_round,
+                    target.decode_s - target_s0_round, time.perf_counter() - t_round,
+                )
                 if text.stopped:
                     finish = "stop"
         except GeneratorExit:
@@ -280,3 +293,18 @@ class SpeculativeDecoder:
         result = GenerationResult(generated, text.text, finish, stats, n_prompt)
         self.last_result = result
         yield Finished(result)
+
+
+def _seen_p(seen: dict[int, float], drafts: list[int], i: int, p: np.ndarray) -> np.ndarray:
+    """verify()'s p row i, noting p_i(d_i) on the way (RoundVerified reports it)."""
+    if i < len(drafts):
+        seen[i] = float(p[drafts[i]])
+    return p
+
+
+def _seen_argmax(seen: dict[int, float], drafts: list[int], i: int, logits: np.ndarray) -> int:
+    """verify_greedy()'s argmax at row i; greedy p is one-hot, so p_i(d_i) is 0 or 1."""
+    best = int(np.argmax(logits))
+    if i < len(drafts):
+        seen[i] = 1.0 if best == drafts[i] else 0.0
+    return best

@@ -60,6 +60,9 @@ class TokenPrinter:
         elif isinstance(event, DraftProposed):
             pass  # drafts appear only once verified: printing then erasing them would flicker
 
+    def close(self) -> None:
+        """Nothing waits to be drawn here (`liveview.LiveDrafts` has a tail to clear)."""
+
     def _write(self, text: str, style: str | None) -> None:
         if not text:
             return

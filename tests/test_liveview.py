@@ -1,0 +1,171 @@
+"""`--show-drafts`: the live view read back from a terminal emulator (pyte), in a real
+pseudo-terminal with real models, and on narrow screens with wide and split characters."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from rich.cells import get_character_cell_size
+
+from specllama.events import (
+    DraftProposed,
+    RoundVerified,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from specllama.liveview import LiveDrafts
+from specllama.textstream import TextStream
+
+pyte = pytest.importorskip("pyte")
+
+SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
+YELLOW = "brown"  # pyte's name for SGR 33
+
+
+def screens(raw: str, rows: int, cols: int):
+    """The screen after each write: the output split before every escape sequence."""
+    screen = pyte.Screen(cols, rows)
+    stream = pyte.Stream(screen)
+    for piece in re.split(r"(?=\x1b)", raw):
+        stream.feed(piece)
+        yield screen
+
+
+def cells(screen):
+    """Every cell in reading order: (character, foreground, struck through)."""
+    return [(screen.buffer[y][x].data, screen.buffer[y][x].fg, screen.buffer[y][x].strikethrough)
+            for y in range(screen.lines) for x in range(screen.columns)]
+
+
+def final_rows(raw: str, rows: int, cols: int) -> list[str]:
+    screen = pyte.Screen(cols, rows)
+    pyte.Stream(screen).feed(raw)
+    return [line.rstrip() for line in screen.display]
+
+
+def test_show_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    rows, cols = 30, 50
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    env.update(TERM="xterm", SPECLLAMA_CACHE_DIR=str(tmp_path / "cache"))
+    trace = tmp_path / "run.json"
+    child = pexpect.spawn(
+        SPECLLAMA,
+        ["generate", "the cat sat on the", "--target", str(tiny_target), "--draft",
+         str(tiny_draft), "--threads", "1", "--n-ctx", "256", "--raw", "--max-tokens", "60",
+         "--temperature", "1", "--seed", "3", "--draft-max", "4", "--show-drafts",
+         "--trace", str(trace)],
+        env=env, encoding="utf-8", timeout=120, dimensions=(rows, cols),
+    )
+    child.expect(pexpect.EOF)
+    raw = child.before
+    child.close()
+    assert child.exitstatus == 0, raw
+    text = json.loads(trace.read_text())["generations"][0]["text"]
+    rounds = json.loads(trace.read_text())["generations"][0]["rounds"]
+    assert any(r["accepted"] < len(r["drafted"]) for r in rounds)
+
+    # Some round with a rejection: its drafts were on screen as pending (blue) cells,
+    # then struck through, followed by the target's correction (yellow).
+    pending, verdict = [], False
+    for screen in screens(raw, rows, cols):
+        now = cells(screen)
+        blue = "".join(c for c, fg, _ in now if fg == "blue")
+        if blue:
+            pending.append(blue)
+        struck = [i for i, (_, _, s) in enumerate(now) if s]
+        if struck and not verdict:
+            after = now[struck[-1] + 1]
+            tail = "".join(now[i][0] for i in struck)
+            if after[1] == YELLOW and any(p.endswith(tail) for p in pending):
+                verdict = True
+    assert pending and verdict
+
+    # At the end only the text remains, wrapped as the terminal wraps it.
+    assert get_character_cell_size("x") == 1 and all(get_character_cell_size(c) == 1
+                                                     for c in text if c != "\n")
+    expected = [line[i:i + cols].rstrip() for line in text.split("\n")
+                for i in range(0, max(len(line), 1), cols)]
+    shown = final_rows(raw, rows, cols)
+    start = next(i for i in range(rows) if shown[i:i + len(expected)] == expected)
+    after = shown[start + len(expected):]
+    assert after[0].startswith("finish: length"), shown
+    assert not any("big-model steps" in line for line in shown)
+
+
+# ------------------------------------------------- narrow screens, wide and split characters
+
+PIECES = {
+    10: b"ab", 11: "漢字".encode(), 12: b" c", 13: "😀".encode(), 14: b"\n", 15: b"xyz",
+    16: b"\xc3", 17: b"\xa9",  # é split over two tokens
+    18: b"long words ", 19: b"q", 20: "語".encode(), 21: b"\x1b[2J",  # a stray escape
+}
+
+
+def engine_events(rounds):
+    """The events the engine yields for (drafts, accepted, target token) rounds."""
+    text = TextStream(PIECES.__getitem__)
+    for drafted, m, x in rounds:
+        if drafted:
+            yield DraftProposed(tuple(drafted))
+        if m:
+            yield TokensAccepted(tuple(drafted[:m]), text.feed(drafted[:m]))
+        kind = "plain" if not drafted else ("bonus" if m == len(drafted) else "correction")
+        yield TargetToken(x, text.feed([x]), kind)
+        k = len(drafted)
+        yield RoundVerified(tuple(drafted), m, x, kind, m + 1, (None,) * k, (1.0,) * k,
+                            "model", 0.0, 0.0, 0.0)
+    tail = text.flush()
+    if tail:
+        yield TextFlushed(tail)
+
+
+def as_a_terminal_shows(text: str, cols: int) -> str:
+    """Plain text the way xterm lays it out: a wide character that does not fit in
+    the row moves to the next one (pyte would cut it), escapes are not text."""
+    out, col = [], 0
+    for ch in text.replace("\x1b", ""):
+        if ch == "\n":
+            out.append(ch)
+            col = 0
+            continue
+        w = get_character_cell_size(ch)
+        if col + w > cols:
+            out.append(" " * (cols - col) if col < cols else "")
+            col = 0
+        out.append(ch)
+        col += w
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verified_text_is_left_exactly_as_plain_output(seed):
+    rng = random.Random(seed)
+    ids = list(PIECES)
+    rounds = []
+    for _ in range(40):
+        k = rng.randint(0, 4)
+        drafted = [rng.choice(ids) for _ in range(k)]
+        rounds.append((drafted, rng.randint(0, k), rng.choice(ids)))
+    events = list(engine_events(rounds))
+    for cols in range(4, 15):
+        out = io.StringIO()
+        view = LiveDrafts(out, PIECES.__getitem__, width=cols)
+        for event in events:
+            view.show(event)
+        view.close()
+        text = "".join(e.text for e in events if hasattr(e, "text"))
+        assert view.printed == text
+        rows = 12  # scrolls: the tail is found again by relative moves
+        assert final_rows(out.getvalue(), rows, cols) == final_rows(
+            as_a_terminal_shows(text, cols).replace("\n", "\r\n"), rows, cols
+        ), cols
