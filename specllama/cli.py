@@ -143,10 +143,6 @@ def generate(opts: dict[str, Any]) -> None:
         if printer is not None:
             printer.close()
     result = decoder.last_result
-    if recorder is not None:
-        recorder.finish(result)
-        kind = recorder.save(opts["trace"])
-        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
     if opts["as_json"]:
         click.echo(
             json.dumps(
@@ -166,6 +162,10 @@ def generate(opts: dict[str, Any]) -> None:
             printer.out.write("\n")
         printer.out.flush()
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}"))
+    if recorder is not None:
+        recorder.finish(result)
+        kind = recorder.save(opts["trace"])
+        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
     decoder.close()
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)

@@ -47,7 +47,8 @@ class LiveDrafts:
         self._pace = pace_ms / 1000
         self._width = width
         self._console = Console(file=out, force_terminal=True, highlight=False)
-        self._codes = {s: self._codes_for(s) for s in (ACCEPTED, TARGET, PENDING, REJECTED, _FOOTER)}
+        styles = (ACCEPTED, TARGET, PENDING, REJECTED, _FOOTER)
+        self._codes = {s: self._codes_for(s) for s in styles}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.printed = ""  # verified text written so far
         self._col = 0  # cursor column where the verified text ends

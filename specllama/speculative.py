@@ -214,17 +214,14 @@ class SpeculativeDecoder:
 
                 # Verify: one target pass over [last, d1..dk] gives p_1..p_{k+1}.
                 target.decode([committed[-1], *draft.tokens], "all" if draft.tokens else "last")
-                seen: dict[int, float] = {}  # draft position -> p_i(d_i), for RoundVerified
+                seen = _Seen(draft.tokens, draft.qs)
                 if params.greedy:
                     m, x = verify_greedy(
-                        lambda i: _seen_argmax(seen, draft.tokens, i, target.logits_row(i)),
-                        draft.tokens,
+                        lambda i, s=seen: s.argmax(i, target.logits_row(i)), draft.tokens
                     )
                 else:
                     m, x = verify(
-                        lambda i: _seen_p(
-                            seen, draft.tokens, i, probabilities(target.logits_row(i), params)
-                        ),
+                        lambda i, s=seen: s.probs(i, probabilities(target.logits_row(i), params)),
                         draft.tokens,
                         draft.qs,
                         rng,
@@ -264,9 +261,7 @@ class SpeculativeDecoder:
                 if len(emitted) > n_drafted_emitted:
                     yield TargetToken(x, text.feed([x]), kind)
                 yield RoundVerified(
-                    tuple(draft.tokens), m, x, kind, len(emitted),
-                    tuple(seen.get(i) for i in range(k)),
-                    tuple(1.0 if q is None else float(q[d]) for d, q in zip(draft.tokens, draft.qs)),
+                    tuple(draft.tokens), m, x, kind, len(emitted), tuple(seen.p), seen.q,
                     draft.source, self._draft_s() - draft_s0_round,
                     target.decode_s - target_s0_round, time.perf_counter() - t_round,
                 )
@@ -295,16 +290,23 @@ class SpeculativeDecoder:
         yield Finished(result)
 
 
-def _seen_p(seen: dict[int, float], drafts: list[int], i: int, p: np.ndarray) -> np.ndarray:
-    """verify()'s p row i, noting p_i(d_i) on the way (RoundVerified reports it)."""
-    if i < len(drafts):
-        seen[i] = float(p[drafts[i]])
-    return p
 
+class _Seen:
+    """For RoundVerified: q_i(d_i), and p_i(d_i) of each row verify() reads (None where
+    it reads none). Greedy p is one-hot: 1 where d_i is the target's argmax, else 0."""
 
-def _seen_argmax(seen: dict[int, float], drafts: list[int], i: int, logits: np.ndarray) -> int:
-    """verify_greedy()'s argmax at row i; greedy p is one-hot, so p_i(d_i) is 0 or 1."""
-    best = int(np.argmax(logits))
-    if i < len(drafts):
-        seen[i] = 1.0 if best == drafts[i] else 0.0
-    return best
+    def __init__(self, drafts: list[int], qs: list[np.ndarray | None]) -> None:
+        self.drafts = drafts
+        self.p: list[float | None] = [None] * len(drafts)
+        self.q = tuple(1.0 if q is None else float(q[d]) for d, q in zip(drafts, qs))
+
+    def probs(self, i: int, p: np.ndarray) -> np.ndarray:
+        if i < len(self.drafts):
+            self.p[i] = float(p[self.drafts[i]])
+        return p
+
+    def argmax(self, i: int, logits: np.ndarray) -> int:
+        best = int(np.argmax(logits))
+        if i < len(self.drafts):
+            self.p[i] = 1.0 if best == self.drafts[i] else 0.0
+        return best

@@ -47,9 +47,14 @@ def cells(screen):
 
 
 def final_rows(raw: str, rows: int, cols: int) -> list[str]:
-    screen = pyte.Screen(cols, rows)
+    """The rows that scrolled off the top, then the screen; no blank rows at the end."""
+    screen = pyte.HistoryScreen(cols, rows, history=10_000)
     pyte.Stream(screen).feed(raw)
-    return [line.rstrip() for line in screen.display]
+    gone = ["".join(line[x].data for x in range(cols)) for line in screen.history.top]
+    out = [line.rstrip() for line in gone + screen.display]
+    while out and not out[-1]:
+        out.pop()
+    return out
 
 
 def test_show_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
@@ -166,6 +171,55 @@ def test_verified_text_is_left_exactly_as_plain_output(seed):
         text = "".join(e.text for e in events if hasattr(e, "text"))
         assert view.printed == text
         rows = 12  # scrolls: the tail is found again by relative moves
-        assert final_rows(out.getvalue(), rows, cols) == final_rows(
+        onlcr = out.getvalue().replace("\n", "\r\n")  # what a terminal's line discipline does
+        assert final_rows(onlcr, rows, cols) == final_rows(
             as_a_terminal_shows(text, cols).replace("\n", "\r\n"), rows, cols
         ), cols
+
+
+# ------------------------------------------------------------------ not on a terminal
+
+
+def generate(*args):
+    from click.testing import CliRunner
+
+    from specllama.cli import cli
+
+    return CliRunner().invoke(cli, ["generate", *map(str, args)])
+
+
+def test_show_drafts_on_a_pipe_prints_the_plain_text(tiny_target, tiny_draft):
+    args = ["the cat sat on the", "--target", tiny_target, "--draft", tiny_draft, "--threads", 1,
+            "--n-ctx", 256, "--raw", "--temperature", 0, "--max-tokens", 16, "--draft-max", 3]
+    plain = generate(*args)
+    shown = generate(*args, "--show-drafts", "--pace", 1)
+    assert plain.exit_code == shown.exit_code == 0, shown.output
+    assert shown.stdout == plain.stdout and "\x1b" not in shown.stdout
+
+
+def test_pace_must_be_a_whole_number_of_milliseconds(tiny_target, tiny_draft):
+    result = generate("hi", "--target", tiny_target, "--draft", tiny_draft, "--pace", -5)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("specllama: error: Invalid value for '--pace'")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_chat_switches_the_view_with_set(tiny_target, tiny_draft, tmp_path):
+    from click.testing import CliRunner
+
+    from specllama.cli import cli
+
+    lines = ["/set show_drafts on", "/set pace 0", "/set show_drafts maybe", "/set",
+             "hello world", f"/save {tmp_path / 'chat.html'}"]
+    result = CliRunner().invoke(
+        cli, ["chat", "--target", str(tiny_target), "--draft", str(tiny_draft), "--threads", "1",
+              "--n-ctx", "512", "--temperature", "0", "--max-tokens", "8", "--draft-max", "3"],
+        input="\n".join(lines) + "\n",
+    )
+    assert result.exit_code == 0, result.output
+    err = result.stderr
+    assert "show_drafts = on" in err and "pace = 0" in err
+    assert "error: show_drafts: expected on or off, got 'maybe'" in err
+    assert re.search(r"show_drafts\s+on", err)
+    assert "\x1b" not in result.stdout and result.stdout.strip()  # a pipe: plain text
+    assert "saved the conversation" in err and (tmp_path / "chat.html").exists()

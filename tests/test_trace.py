@@ -126,7 +126,7 @@ def test_a_trace_in_a_missing_folder_is_refused_before_loading(tiny, tmp_path):
 def chromium():
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.skip("chromium is not installed (bash .ci/run installs it: apt-get install chromium)")
+        pytest.skip("chromium is not installed (.ci/run installs it: apt-get install chromium)")
     return path
 
 
