@@ -223,3 +223,38 @@ def test_chat_switches_the_view_with_set(tiny_target, tiny_draft, tmp_path):
     assert re.search(r"show_drafts\s+on", err)
     assert "\x1b" not in result.stdout and result.stdout.strip()  # a pipe: plain text
     assert "saved the conversation" in err and (tmp_path / "chat.html").exists()
+
+
+def test_chat_shows_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    rows, cols = 30, 60
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    env.update(TERM="xterm", XDG_STATE_HOME=str(tmp_path / "state"), PROMPT_TOOLKIT_NO_CPR="1")
+    child = pexpect.spawn(
+        SPECLLAMA,
+        ["chat", "--target", str(tiny_target), "--draft", str(tiny_draft), "--threads", "1",
+         "--temperature", "0", "--max-tokens", "24", "--draft-max", "4"],
+        env=env, encoding="utf-8", timeout=60, dimensions=(rows, cols),
+    )
+    child.logfile_read = io.StringIO()
+    child.expect_exact("/help for commands")
+    child.sendline("/set show_drafts on")
+    child.expect_exact("show_drafts = on")
+    child.sendline("the cat sat on the")
+    child.expect(r"\d+ tok .*tok/s")
+    child.sendline(f"/save {tmp_path / 'chat.json'}")
+    child.expect_exact("saved the conversation")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    raw = child.logfile_read.getvalue()
+    child.close()
+    assert child.exitstatus == 0
+    saw_pending = saw_footer = False
+    for screen in screens(raw, rows, cols):
+        saw_pending = saw_pending or any(fg == "blue" for _, fg, _ in cells(screen))
+        saw_footer = saw_footer or any("big-model steps" in line for line in screen.display)
+    assert saw_pending and saw_footer
+    reply = json.loads((tmp_path / "chat.json").read_text())["messages"][1]["content"]
+    shown = final_rows(raw, rows, cols)
+    assert not any("big-model steps" in line for line in shown)
+    assert " ".join(reply.split()) in " ".join(" ".join(shown).split())
