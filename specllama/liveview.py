@@ -13,7 +13,6 @@ row, the cursor waits in the last column until the next character).
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections.abc import Callable
 from typing import TextIO
@@ -23,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .events import DraftProposed, Event, RoundVerified, TargetToken, TextFlushed, TokensAccepted
+from .textstream import TokenTexts
 from .ui import ACCEPTED, PENDING, TARGET
 
 REJECTED = "dim red strike"
@@ -43,13 +43,12 @@ class LiveDrafts:
         width: int | None = None,
     ) -> None:
         self.out = out
-        self._piece = piece
         self._pace = pace_ms / 1000
         self._width = width
         self._console = Console(file=out, force_terminal=True, highlight=False)
         styles = (ACCEPTED, TARGET, PENDING, REJECTED, _FOOTER)
         self._codes = {s: self._codes_for(s) for s in styles}
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._texts = TokenTexts(piece)
         self.printed = ""  # verified text written so far
         self._col = 0  # cursor column where the verified text ends
         self._last_cell: Piece | None = None  # what fills the last column, when _col == width
@@ -75,7 +74,7 @@ class LiveDrafts:
         if isinstance(event, DraftProposed):
             self._erase()
             self._write_unwritten()
-            cells = [(t, PENDING) for t in self._texts(event.tokens, commit=False)]
+            cells = [(t, PENDING) for t in self._texts.peek(event.tokens)]
             self._draw(cells)
             self._pause()
         elif isinstance(event, TokensAccepted):
@@ -91,11 +90,11 @@ class LiveDrafts:
 
     def _verdict(self, ev: RoundVerified) -> None:
         shown = min(ev.accepted, ev.emitted)
-        self._texts(ev.drafted[:shown], commit=True)
+        self._texts.take(ev.drafted[:shown])
         rejected: list[Piece] = []
         if ev.emitted > shown:  # the round ended with the target's own token
-            rejected = [(t, REJECTED) for t in self._texts(ev.drafted[shown:], commit=False)]
-            self._texts((ev.token,), commit=True)
+            rejected = [(t, REJECTED) for t in self._texts.peek(ev.drafted[shown:])]
+            self._texts.take((ev.token,))
         self.steps += 1
         self.tokens += ev.emitted
         self._erase()
@@ -117,14 +116,6 @@ class LiveDrafts:
         self.out.flush()
 
     # ----------------------------------------------------------------- drawing
-    def _texts(self, tokens: tuple[int, ...], *, commit: bool) -> list[str]:
-        """Each token's text after the verified ones (a split character shows once)."""
-        state = self._utf8.getstate()
-        out = [self._utf8.decode(self._piece(t)) for t in tokens]
-        if not commit:
-            self._utf8.setstate(state)
-        return out
-
     def _pause(self) -> None:
         if self._pace > 0:
             self.out.flush()

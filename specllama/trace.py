@@ -7,7 +7,6 @@ target's pieces, decoded incrementally so a character split across tokens shows 
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .errors import InvalidParameterError
 from .events import Event, Finished, RoundVerified
 from .stats import Stats
+from .textstream import TokenTexts
 
 if TYPE_CHECKING:
     from .speculative import GenerationResult
@@ -66,21 +66,20 @@ class TraceRecorder:
     """Feed it every event of one or more generations; read `generations` or save."""
 
     def __init__(self, piece: Callable[[int], bytes], settings: dict[str, Any] | None = None):
-        self._piece = piece
         self.settings = settings or {}
         self.generations: list[Generation] = []
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._texts = TokenTexts(piece)
         self._result: GenerationResult | None = None  # the last one recorded
 
     def begin(self, label: str | None = None) -> None:
         """Start a new generation (the next one also starts by itself after Finished)."""
         self.generations.append(Generation(label))
-        self._utf8.reset()
+        self._texts.reset()
 
     def clear(self) -> None:
         self.generations.clear()
 
-    def feed(self, event: Event | object) -> None:
+    def feed(self, event: Event) -> None:
         if isinstance(event, RoundVerified):
             if not self.generations or self.generations[-1].stats is not None:
                 self.begin()
@@ -99,22 +98,14 @@ class TraceRecorder:
         gen.text, gen.finish_reason = result.text, result.finish_reason
         gen.prompt_tokens, gen.stats = result.prompt_tokens, result.stats
 
-    def _texts(self, tokens: tuple[int, ...], *, commit: bool) -> list[str]:
-        """Each token's share of the text, continuing the committed byte stream."""
-        state = self._utf8.getstate()
-        out = [self._utf8.decode(self._piece(t)) for t in tokens]
-        if not commit:
-            self._utf8.setstate(state)
-        return out
-
     def _round(self, gen: Generation, ev: RoundVerified) -> None:
         n = len(gen.rounds) + 1
         shown = min(ev.accepted, ev.emitted)  # accepted drafts that reached the output
         ends_with_target = ev.emitted > shown
-        accepted = self._texts(ev.drafted[:shown], commit=True)
-        rest = self._texts(ev.drafted[shown:], commit=False)  # rejected (or cut by EOS)
+        accepted = self._texts.take(ev.drafted[:shown])
+        rest = self._texts.peek(ev.drafted[shown:])  # rejected (or cut short by EOS)
         rejected = rest if ends_with_target else []
-        target_text = self._texts((ev.token,), commit=True)[0] if ends_with_target else None
+        target_text = self._texts.take((ev.token,))[0] if ends_with_target else None
         chips = [TraceToken(t, s, "accepted", n, i + 1, ev.p[i], ev.q[i])
                  for i, (t, s) in enumerate(zip(ev.drafted, accepted))]
         chips += [TraceToken(t, s, "rejected", n, shown + i + 1, ev.p[shown + i], ev.q[shown + i])

@@ -258,3 +258,31 @@ def test_chat_shows_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path)
     shown = final_rows(raw, rows, cols)
     assert not any("big-model steps" in line for line in shown)
     assert " ".join(reply.split()) in " ".join(" ".join(shown).split())
+
+
+def test_ctrl_c_leaves_only_the_text_and_still_writes_the_trace(tiny_target, tiny_draft,
+                                                                 tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    rows, cols = 30, 60
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    env.update(TERM="xterm")
+    trace = tmp_path / "run.json"
+    child = pexpect.spawn(
+        SPECLLAMA,
+        ["generate", "the cat sat on the", "--target", str(tiny_target), "--draft",
+         str(tiny_draft), "--threads", "1", "--raw", "--max-tokens", "200", "--temperature", "0",
+         "--draft-max", "4", "--pace", "150", "--trace", str(trace)],
+        env=env, encoding="utf-8", timeout=60, dimensions=(rows, cols),
+    )
+    child.logfile_read = io.StringIO()
+    child.expect_exact("big-model steps 2")
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+    shown = final_rows(child.logfile_read.getvalue(), rows, cols)
+    assert not any("big-model steps" in line for line in shown)
+    gen = json.loads(trace.read_text())["generations"][0]
+    assert gen["finish_reason"] == "interrupted"
+    assert len(gen["rounds"]) == gen["stats"]["target_steps"] >= 2
+    assert gen["text"].split()[0] in " ".join(shown)
