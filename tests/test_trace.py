@@ -130,14 +130,17 @@ def chromium():
     return path
 
 
-def open_in_chromium(chromium: str, page: Path, tmp_path: Path) -> tuple[str, list[str]]:
-    """The DOM after the page's scripts ran, and whatever it logged to the console."""
+def open_in_chromium(chromium: str, page: Path, tmp_path: Path,
+                     fragment: str = "") -> tuple[str, list[str]]:
+    """The DOM after the page's scripts ran (timers too: a minute of virtual time passes
+    at once), and whatever it logged to the console."""
     home = tmp_path / "chromium-home"
     env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
                XDG_CACHE_HOME=str(home / ".cache"))
     done = subprocess.run(
         [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={home / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=60000", "--dump-dom",
+         page.as_uri() + fragment],
         capture_output=True, text=True, timeout=180, env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -207,6 +210,14 @@ def test_trace_page_in_headless_chromium(tiny, chromium, tmp_path):
     assert re.fullmatch(r"round \d+ · draft position \d+ · accepted · p [01]\.\d{3} · "
                         r"q [01]\.\d{3}", accepted), accepted
     assert any("rejected" in t for t in chips.titles)
+
+    # The replay (page#replay starts it) ends where the page began.
+    dom, console = open_in_chromium(chromium, page, tmp_path, "#replay")
+    assert console == []
+    replayed = Chips()
+    replayed.feed(dom)
+    assert replayed.root.get("data-replayed") == "1"
+    assert (replayed.kinds, replayed.stats) == (chips.kinds, chips.stats)
 
 
 def test_chat_saves_the_trace_page(decoder, chromium, tmp_path):
