@@ -128,25 +128,27 @@ class LiveDrafts:
         out: list[str] = []
         rows = 0
         last = ""
-        for ch in text.expandtabs(8) if "\t" in text else text:
-            if ch == "\n":
+        for char in text:
+            # A tab becomes spaces to the next stop, so every cell is one we counted.
+            for ch in " " * (8 - col % 8) if char == "\t" else char:
+                if ch == "\n":
+                    out.append(ch)
+                    rows, col, last = rows + 1, 0, ""
+                    continue
+                if ch < " " or "\x7f" <= ch < "\xa0":
+                    continue  # a control character would move the cursor behind our back
+                w = get_character_cell_size(ch)
+                if w == 0:
+                    out.append(ch)
+                    last += ch
+                    continue
+                if col + w > width:
+                    if col < width:  # a wide character that does not fit: pad, as terminals do
+                        out.append(" " * (width - col))
+                    rows, col = rows + 1, 0
                 out.append(ch)
-                rows, col, last = rows + 1, 0, ""
-                continue
-            if ch < " " or "\x7f" <= ch < "\xa0":
-                continue  # a control character would move the cursor behind our back
-            w = get_character_cell_size(ch)
-            if w == 0:
-                out.append(ch)
-                last += ch
-                continue
-            if col + w > width:
-                if col < width:  # a wide character that does not fit: pad, as terminals do
-                    out.append(" " * (width - col))
-                rows, col = rows + 1, 0
-            out.append(ch)
-            col += w
-            last = ch
+                col += w
+                last = ch
         return "".join(out), rows, col, last
 
     def _styled(self, text: str, style: str | None) -> str:

@@ -113,6 +113,7 @@ PIECES = {
     10: b"ab", 11: "漢字".encode(), 12: b" c", 13: "😀".encode(), 14: b"\n", 15: b"xyz",
     16: b"\xc3", 17: b"\xa9",  # é split over two tokens
     18: b"long words ", 19: b"q", 20: "語".encode(), 21: b"\x1b[2J",  # a stray escape
+    22: b"\tx",
 }
 
 
@@ -136,19 +137,21 @@ def engine_events(rounds):
 
 def as_a_terminal_shows(text: str, cols: int) -> str:
     """Plain text the way xterm lays it out: a wide character that does not fit in
-    the row moves to the next one (pyte would cut it), escapes are not text."""
+    the row moves to the next one (pyte would cut it), escapes are not text; a tab is
+    spaces to the next stop."""
     out, col = [], 0
-    for ch in text.replace("\x1b", ""):
-        if ch == "\n":
+    for char in text.replace("\x1b", ""):
+        for ch in " " * (8 - col % 8) if char == "\t" else char:
+            if ch == "\n":
+                out.append(ch)
+                col = 0
+                continue
+            w = get_character_cell_size(ch)
+            if col + w > cols:
+                out.append(" " * (cols - col) if col < cols else "")
+                col = 0
             out.append(ch)
-            col = 0
-            continue
-        w = get_character_cell_size(ch)
-        if col + w > cols:
-            out.append(" " * (cols - col) if col < cols else "")
-            col = 0
-        out.append(ch)
-        col += w
+            col += w
     return "".join(out)
 
 
