@@ -58,7 +58,7 @@ class TokenPrinter:
         elif isinstance(event, TextFlushed):
             self._write(event.text, None)
         elif isinstance(event, DraftProposed):
-            pass  # drafts appear only once verified: printing then erasing them would flicker
+            pass  # plain output shows verified text only; liveview.LiveDrafts shows drafts
 
     def close(self) -> None:
         """Nothing waits to be drawn here (`liveview.LiveDrafts` has a tail to clear)."""
