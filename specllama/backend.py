@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import ContextOverflowError, DraftDerivationError, ModelLoadError
+from .errors import ContextOverflowError, DraftDerivationError, KVCacheError, ModelLoadError
 from .sources import check_gguf_file
 
 try:
@@ -130,6 +130,11 @@ class Model:
         self._mem = lc.llama_get_memory(ctx)
         self._vocab = lc.llama_model_get_vocab(model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
+        # the end) is read as a stand-in: it costs acceptance, never exactness.
+        newline = int(lc.llama_vocab_nl(self._vocab))
+        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
+        self.memory_kind = _memory_kind(model)
         self._row_type = ctypes.c_float * self.n_vocab
         self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
@@ -266,7 +271,7 @@ class Model:
         batch.n_tokens = len(tokens)
         want_all = logits == "all"
         for i, tok in enumerate(tokens):
-            batch.token[i] = tok
+            batch.token[i] = tok if tok < self.n_vocab else self._stand_in
             batch.pos[i] = start + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
@@ -313,8 +318,26 @@ class Model:
             self._drop_from(n)
             del self.cached[n:]
 
+    @property
+    def can_rewind(self) -> bool:
+        """Whether the memory can drop a suffix (False for recurrent and hybrid models)."""
+        return self.memory_kind == "transformer"
+
     def _drop_from(self, n: int) -> None:
-        lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+        if not self.can_rewind and n > 0:
+            # A recurrent state cannot be cut back (llama.cpp may even drop all of it and
+            # report success): rebuild it from the tokens kept. Correct, and rare outside
+            # speculation, which refuses such models.
+            kept = self.cached[:n]
+            lc.llama_memory_clear(self._mem, True)
+            del self.cached[:]
+            self.decode(kept, "none")
+            return
+        if not lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise KVCacheError(
+                f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
+                "stopping rather than continuing with a cache that holds what it should not"
+            )
 
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
@@ -337,6 +360,16 @@ class Model:
             self._drop_from(keep)
             del cached[keep:]
         return keep
+
+
+def _memory_kind(model) -> str:
+    """"transformer", "recurrent" (Mamba, RWKV) or "hybrid" (attention plus recurrent layers)."""
+    if lc.llama_model_is_recurrent(model):
+        return "recurrent"
+    is_hybrid = getattr(lc, "llama_model_is_hybrid", None)  # newer llama.cpp only
+    if is_hybrid is not None and is_hybrid(model):
+        return "hybrid"
+    return "transformer"
 
 
 def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> None:

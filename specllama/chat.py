@@ -523,9 +523,10 @@ def _markdown(data: dict[str, Any]) -> str:
     for m in data["messages"]:
         lines += [f"## {m['role'].capitalize()}", "", m["content"] or "*(empty)*"]
         notes = []
-        if m.get("finish_reason") in ("interrupted", "length", "context"):
+        if m.get("finish_reason") in ("interrupted", "length", "context", "error"):
             notes.append({"interrupted": "interrupted", "length": "cut at max_tokens",
-                          "context": "cut: context window full"}[m["finish_reason"]])
+                          "context": "cut: context window full",
+                          "error": "cut by an error"}[m["finish_reason"]])
         if m.get("dropped_from_context"):
             notes.append("dropped from the context window")
         if notes:
@@ -557,6 +558,7 @@ _FINISH_NOTES = {
     "interrupted": "interrupted",
     "length": "cut at max_tokens",
     "context": "cut: the context window is full",
+    "error": "cut by an error",
 }
 
 

@@ -35,3 +35,14 @@ def check_compatible(target: Model, draft: Model) -> None:
         if a != b:
             shown = (a.decode(errors="replace"), b.decode(errors="replace"))
             fail(f"token {token} is {shown[0]!r} vs {shown[1]!r}")
+
+
+def check_rewindable(model: Model, role: str) -> None:
+    """Speculation cuts rejected drafts out of the caches every round; a recurrent or
+    hybrid model keeps a running state instead of per-token entries and cannot."""
+    if not model.can_rewind:
+        raise IncompatiblePairError(
+            f"{role} {model.path.name} is a {model.memory_kind} model: its memory cannot drop "
+            "rejected draft tokens, so it cannot take part in speculative decoding; "
+            "run it as a target alone (--draft-max 0)"
+        )

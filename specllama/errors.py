@@ -31,3 +31,10 @@ class InvalidParameterError(SpecLlamaError):
 
 class DraftDerivationError(SpecLlamaError):
     """A derived draft (requantized target) could not be created."""
+
+
+class KVCacheError(SpecLlamaError):
+    """llama.cpp refused to cut a KV cache back: continuing would silently stop being exact.
+    Not a user mistake; reported in one line all the same."""
+
+    exit_code = 1

@@ -188,8 +188,29 @@ def sample_from_logits(
     return sample(q, rng), q
 
 
+def on_target_vocab(q: np.ndarray, n_target: int) -> np.ndarray:
+    """q over the target's vocabulary of `n_target` ids, the one place p and q are aligned.
+
+    A pair may differ by up to 128 ids at the end of the vocabulary (Qwen2.5 7B has 152,064,
+    its 0.5B draft 151,936). Ids the draft lacks get q = 0. Ids past the target's end are
+    cut: the target gives them p = 0, so a draft of one is always rejected
+    (`acceptance_probability`), and max(0, p − q) is 0 there. Not renormalised: the rule
+    needs the q the draft token was really drawn from.
+    """
+    n = q.shape[0]
+    if n == n_target:
+        return q
+    if n > n_target:
+        return q[:n_target]
+    out = np.zeros(n_target, dtype=q.dtype)
+    out[:n] = q
+    return out
+
+
 def acceptance_probability(p: np.ndarray, q: np.ndarray | None, token: int) -> float:
     """min(1, p(d)/q(d)); q=None means the draft put all its mass on `token`."""
+    if token >= p.shape[0]:
+        return 0.0  # an id only the draft has: the target gives it p = 0
     q_d = 1.0 if q is None else float(q[token])
     if q_d <= 0.0:
         # The draft cannot propose a token it gives zero mass; treat defensively.
@@ -201,9 +222,10 @@ def residual(p: np.ndarray, q: np.ndarray | None, token: int) -> np.ndarray:
     """norm(max(0, p − q)): where a rejected position is resampled from."""
     if q is None:
         r = p.copy()
-        r[token] = 0.0
+        if token < r.shape[0]:
+            r[token] = 0.0
     else:
-        r = np.maximum(p - q, 0.0)
+        r = np.maximum(p - on_target_vocab(q, p.shape[0]), 0.0)
     total = r.sum()
     if total <= 0.0:
         # Only reachable when p == q up to rounding, where rejection has ~zero probability.

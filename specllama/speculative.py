@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from .backend import Model
-from .compat import check_compatible
+from .compat import check_compatible, check_rewindable
 from .drafting import Draft, DraftMode, check_draft_mode, make_strategy
 from .errors import ContextOverflowError, InvalidParameterError
 from .events import (
@@ -34,7 +34,8 @@ from .sampling import SamplingParams, probabilities, sample_logits, verify, veri
 from .stats import Stats
 from .textstream import TextStream
 
-FinishReason = Literal["eos", "length", "stop", "context", "interrupted"]
+# "error": an exception ended the generation (the caches are still consistent).
+FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class SpeculativeDecoder:
         check_draft_mode(draft_mode)
         if draft is not None:
             check_compatible(target, draft)
+            check_rewindable(draft, "draft")
+            check_rewindable(target, "target")
         self.target = target
         self.draft = draft
         self.p_min = p_min
@@ -152,6 +155,8 @@ class SpeculativeDecoder:
         policy = make_policy(draft_max, self)
         mode = draft_mode or self.default_draft_mode
         strategy = make_strategy(mode, self)
+        if strategy is not None and draft_max != 0:
+            check_rewindable(self.target, "target")  # lookup drafts are cut back too
         committed = self.tokenize(prompt)
         if not committed:
             raise InvalidParameterError("the prompt is empty")
@@ -239,8 +244,25 @@ class SpeculativeDecoder:
                     if len(generated) + len(emitted) == max_tokens:
                         finish = "length"
                         break
+                n_before = len(generated)
+                n_drafted_emitted = min(m, len(emitted))
+                released = text.feed(emitted[:n_drafted_emitted])
+                if len(emitted) > n_drafted_emitted and not text.stopped:
+                    released_x = text.feed(emitted[n_drafted_emitted:])
+                else:
+                    released_x = ""
                 committed.extend(emitted)
                 generated.extend(emitted)
+                if text.stopped:
+                    # Keep tokens only up to the one in which the stop text begins: the
+                    # caches, res.tokens and the stats then match the text the user saw,
+                    # so a chat's next turn continues from it (the cut may reach back
+                    # into earlier rounds when the stop was held back across them).
+                    finish = "stop"
+                    keep = tokens_covering(self.target, generated, len(text.text))
+                    del generated[keep:]
+                    del committed[n_prompt + keep :]
+                    emitted = emitted[: max(0, keep - n_before)]
                 target.truncate(len(committed) - 1)
                 if strategy is not None:
                     strategy.settle(committed)
@@ -253,22 +275,26 @@ class SpeculativeDecoder:
                     )
                 )
 
-                n_drafted_emitted = min(m, len(emitted))
-                if n_drafted_emitted:
-                    accepted_text = text.feed(emitted[:n_drafted_emitted])
-                    yield TokensAccepted(tuple(emitted[:n_drafted_emitted]), accepted_text)
+                n_accepted_kept = min(n_drafted_emitted, len(emitted))
+                if n_accepted_kept:
+                    yield TokensAccepted(tuple(emitted[:n_accepted_kept]), released)
+                elif released:  # text held back in earlier rounds, released by the stop
+                    yield TextFlushed(released)
                 kind = "plain" if not draft.tokens else ("bonus" if m == k else "correction")
                 if len(emitted) > n_drafted_emitted:
-                    yield TargetToken(x, text.feed([x]), kind)
+                    yield TargetToken(x, released_x, kind)
+                elif released_x:
+                    yield TextFlushed(released_x)
                 yield RoundVerified(
                     tuple(draft.tokens), m, x, kind, len(emitted), tuple(seen.p), seen.q,
                     draft.source, self._draft_s() - draft_s0_round,
                     target.decode_s - target_s0_round, time.perf_counter() - t_round,
                 )
-                if text.stopped:
-                    finish = "stop"
         except GeneratorExit:
             finish = "interrupted"
+            raise
+        except Exception:
+            finish = "error"
             raise
         finally:
             # Whatever happened (early close, Ctrl-C, an error), both caches end
@@ -279,6 +305,7 @@ class SpeculativeDecoder:
             stats.target_s = target.decode_s - target_s0
             stats.draft_s = self._draft_s() - draft_s0
             stats.policy_note = policy.describe()
+            stats.tokens = len(generated)
             self.last_result = GenerationResult(
                 generated, text.text, finish or "interrupted", stats, n_prompt
             )
@@ -289,6 +316,16 @@ class SpeculativeDecoder:
         self.last_result = result
         yield Finished(result)
 
+
+def tokens_covering(model: Model, tokens: list[int], n_chars: int) -> int:
+    """The fewest leading `tokens` whose text reaches `n_chars` characters: where a stop
+    string cut the text, the token it begins in is the last one kept."""
+    if n_chars <= 0:
+        return 0
+    for j in range(1, len(tokens) + 1):
+        if len(model.detokenize(tokens[:j])) >= n_chars:
+            return j
+    return len(tokens)
 
 
 class _Seen:

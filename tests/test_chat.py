@@ -524,25 +524,33 @@ def test_bad_flags_are_one_line_errors(tiny_target, tmp_path):
 
 @pytest.mark.slow
 def test_two_turns_with_smollm2(smollm2_path):
+    """What holds on any CPU (llama.cpp's numerics differ between machines, so the words
+    do too): the template is applied to both turns, each reply is non-empty and ends for a
+    stated reason, turn 2 reads only its new tokens, and the speculative replies are the
+    target's own greedy replies on this machine."""
     from specllama.config import find_and_load_config
     from specllama.sources import resolve_pair
 
     target, draft = resolve_pair(find_and_load_config().pair("smollm2"))
     dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    replies: dict[int, list] = {}
     try:
-        s = ChatSession(dec, settings(dec.n_ctx, max_tokens=48, draft_max=3))
-        assert "<|im_start|>" in s.template and s.notice is None
-        say(s, "Hi! What is your name?")
-        first = s.messages[-1].content
-        say(s, "What is 2 + 2?")
-        second = s.messages[-1].content
-        t = s.last_turn
-        assert t.prompt_text.count("<|im_start|>user\n") == 2  # ChatML, both turns
+        for draft_max in (3, 0):
+            s = ChatSession(dec, settings(dec.n_ctx, max_tokens=48, draft_max=draft_max))
+            assert "<|im_start|>" in s.template and s.notice is None
+            say(s, "Hi! What is your name?")
+            first = s.last_turn
+            first_prompt = dec.target.tokenize_chat(first.prompt_text)
+            say(s, "What is 2 + 2?")
+            second = s.last_turn
+            replies[draft_max] = [m.content for m in s.messages if m.role == "assistant"]
+            assert second.prompt_text.count("<|im_start|>user\n") == 2  # ChatML, both turns
+            for turn in (first, second):
+                assert turn.finish_reason in ("eos", "length"), turn
+            assert all(r.strip() for r in replies[draft_max]), replies
+            # Turn 2 read the new question and ChatML's glue, not turn 1 again.
+            assert second.reused >= len(first_prompt), second
+            assert second.prompt_evaluated["target"] <= 25, second
     finally:
         dec.close()
-    words = re.findall(r"[A-Za-z]+", first)
-    assert len(words) >= 5 and "I" in words, first
-    assert "4" in second, second
-    assert t.finish_reason == "eos"
-    # Turn 2 read the new question and ChatML's glue, not turn 1 again.
-    assert t.reused > 40 and t.prompt_evaluated["target"] <= 25, t
+    assert replies[3] == replies[0]

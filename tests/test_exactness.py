@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specllama.sampling as sampling_module
-from specllama import SamplingParams, SpeculativeDecoder
+from specllama import DraftProposed, Finished, SamplingParams, SpeculativeDecoder
 from specllama.backend import Model
 from specllama.sampling import probabilities
 
@@ -127,3 +127,247 @@ def test_target_alone_follows_the_target_distribution(setup):
     exact = exact_first_two(probe, prompt, params)
     counts = empirical_first_two(dec, prompt, params, draft_max=0)
     assert goodness_of_fit(counts, exact) > 1e-3
+
+
+# ------------------------------------------------------------- long draft chains
+#
+# max_tokens=4 with draft_max=3: the first round drafts three tokens, so q_2 and q_3 (drawn
+# after earlier drafts) go through the rule too. top_k=3 keeps the joint law of the first
+# four tokens to at most 81 outcomes, each well populated.
+
+CHAIN_RUNS = 4000
+CHAIN_TOKENS = 4
+
+
+def exact_joint(model: Model, prompt: list[int], params: SamplingParams, n: int) -> dict:
+    """P(x1..xn) for the target alone, from its logits; a sequence that reaches
+    end-of-generation early is a shorter key."""
+    joint: dict = {}
+
+    def walk(path: tuple, prob: float, p: np.ndarray) -> None:
+        for x in np.flatnonzero(p > 1e-9):
+            x = int(x)
+            key, mass = (*path, x), prob * float(p[x])
+            if model.is_eog(x) or len(key) == n:
+                joint[key] = joint.get(key, 0.0) + mass
+                continue
+            model.truncate(len(prompt) + len(path))
+            model.decode([x], "last")
+            walk(key, mass, probabilities(model.logits_row(-1), params))
+
+    model.clear()
+    model.decode(prompt, "last")
+    walk((), 1.0, probabilities(model.logits_row(-1), params))
+    model.clear()
+    return joint
+
+
+def empirical_joint(dec, prompt, params: SamplingParams, n: int, runs: int, **kwargs):
+    """Counts of the first n tokens over `runs` seeds, and the summed stats."""
+    counts: dict = {}
+    drafted_at = [0] * 8
+    accepted_at = [0] * 8
+    for seed in range(runs):
+        s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+        res = dec.generate(prompt, max_tokens=n, sampling=s, keep_cache=True, **kwargs)
+        key = tuple(res.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        for i, (d, a) in enumerate(zip(res.stats.drafted_at, res.stats.accepted_at)):
+            drafted_at[i] += d
+            accepted_at[i] += a
+    return counts, drafted_at, accepted_at
+
+
+CHAIN_BASES = ["the cat sat on the", "The quick brown fox", "Once upon a time", "Hello world",
+               "I see the dog", "a b c d", "one of the two", "this is it"]
+
+
+def lookup_chain_prompt(dec: SpeculativeDecoder, probe: Model, params: SamplingParams):
+    """base + its greedy continuation + a separator + base again: after it, lookup finds
+    the earlier base and proposes three tokens of the continuation. Of the candidates, the
+    one whose three proposals the target finds likeliest in turn (each in (0.1, 0.95), so
+    acceptance and rejection both happen at every draft position)."""
+    from specllama.lookup import NgramIndex
+
+    greedy = SamplingParams(temperature=0.0)
+    best, best_score = None, 0.0
+    for text in CHAIN_BASES:
+        base = dec.tokenize(text)
+        cont = dec.generate(base, max_tokens=4, sampling=greedy, draft_max=0).tokens
+        if len(cont) < 4 or any(probe.is_eog(t) for t in cont):
+            continue
+        for sep in (" and", " the", " of", " I"):
+            prompt = base + cont + dec.tokenize(sep)[1:] + base[1:]
+            index = NgramIndex()
+            index.extend(prompt)
+            drafts = index.propose(3)
+            if len(drafts) < 3:
+                continue
+            probe.clear()
+            probe.decode(prompt, "last")
+            chance = []
+            for n, d in enumerate(drafts):
+                chance.append(float(probabilities(probe.logits_row(-1), params)[d]))
+                if n < 2:
+                    probe.decode([d], "last")
+            probe.clear()
+            score = min(chance)
+            if max(chance) < 0.95 and score > max(best_score, 0.1):
+                best, best_score = prompt, score
+    assert best is not None, "no base gives lookup chains both accepted and rejected"
+    return best
+
+
+CHAIN_CASES = {
+    "model drafts, top-k 3": ("model", SamplingParams(temperature=1.0, top_k=3)),
+    "lookup drafts, top-k 3": ("lookup", SamplingParams(temperature=1.0, top_k=3)),
+    "hybrid drafts, top-k 3": ("hybrid", SamplingParams(temperature=1.0, top_k=3)),
+    "model drafts, top-k 3, top-p 0.9, min-p 0.1": (
+        "model", SamplingParams(temperature=1.0, top_k=3, top_p=0.9, min_p=0.1)
+    ),
+}
+
+
+def first_used_q_everywhere(verify):
+    """A wrong rule only a chain can show: q_1 stands in for q_2 and q_3."""
+    def wrong(p_rows, drafts, qs, rng, draw=None):
+        return verify(p_rows, drafts, qs[:1] * len(qs), rng, draw)
+    return wrong
+
+
+WRONG_RULES = {
+    # name -> (module attribute to replace, replacement factory)
+    "q_1 used at every position": ("specllama.speculative.verify", first_used_q_everywhere),
+    "residual that keeps the rejected token": (
+        "specllama.sampling.residual", lambda real: (lambda p, q, token: p)
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def chain_setup(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
+    prompt = lookup_chain_prompt(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
+    yield dec, probe, prompt
+    probe.close()
+    dec.close()
+
+
+@pytest.mark.parametrize("name", list(CHAIN_CASES))
+def test_draft_chains_follow_the_target_distribution(chain_setup, name):
+    dec, probe, prompt = chain_setup
+    mode, params = CHAIN_CASES[name]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    assert len(exact) <= 81
+    counts, drafted_at, accepted_at = empirical_joint(
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+    )
+    # Third drafts were proposed thousands of times and sometimes accepted.
+    assert drafted_at[2] > CHAIN_RUNS // 4 and accepted_at[2] > 50, (drafted_at, accepted_at)
+    pvalue = goodness_of_fit(counts, exact)
+    assert pvalue > 1e-3, f"{name}: p-value {pvalue:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("name", "wrong"),
+    [
+        ("model drafts, top-k 3", "q_1 used at every position"),
+        ("model drafts, top-k 3, top-p 0.9, min-p 0.1", "q_1 used at every position"),
+        ("lookup drafts, top-k 3", "residual that keeps the rejected token"),
+        ("hybrid drafts, top-k 3", "residual that keeps the rejected token"),
+    ],
+)
+def test_the_chain_test_rejects_a_wrong_rule(chain_setup, monkeypatch, name, wrong):
+    import importlib
+
+    dec, probe, prompt = chain_setup
+    mode, params = CHAIN_CASES[name]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    where, make = WRONG_RULES[wrong]
+    module_name, attr = where.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    monkeypatch.setattr(module, attr, make(getattr(module, attr)))
+    counts, _, _ = empirical_joint(
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+    )
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    assert goodness_of_fit(counts, exact) < 1e-6
+
+
+# ------------------------------------------------- vocabularies that differ at the end
+#
+# Pairs pass the compatibility check with sizes up to 128 apart (Qwen2.5 7B: 152,064 ids,
+# 0.5B: 151,936). Here they differ by 64 each way, at temperature 1 with no top-k, so the
+# ids only one model has carry real probability.
+
+EXTRA = 64
+UNEVEN_RUNS = 3000
+
+
+@pytest.fixture(scope="module")
+def uneven_pairs(tiny_model_factory):
+    from conftest import DRAFT_NOISE
+
+    return {
+        "target has 64 more ids": (
+            tiny_model_factory(seed=0, extra_tokens=EXTRA),
+            tiny_model_factory(seed=0, noise=DRAFT_NOISE, noise_seed=1),
+        ),
+        "draft has 64 more ids": (
+            tiny_model_factory(seed=0),
+            tiny_model_factory(seed=0, noise=DRAFT_NOISE, noise_seed=1, extra_tokens=EXTRA),
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["target has 64 more ids", "draft has 64 more ids"])
+def test_uneven_vocabularies_are_exact(uneven_pairs, case):
+    target_path, draft_path = uneven_pairs[case]
+    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1)
+    probe = Model(target_path, n_ctx=256, n_threads=1)
+    try:
+        n_target, n_draft = dec.target.n_vocab, dec.draft.n_vocab
+        assert abs(n_target - n_draft) == EXTRA
+        params = SamplingParams(temperature=1.0)
+        prompt = dec.tokenize(PROMPT_TEXT)
+        exact = exact_joint(probe, prompt, params, 2)
+        counts: dict = {}
+        drafted_beyond_target = 0
+        for seed in range(UNEVEN_RUNS):
+            s = SamplingParams(1.0, seed=seed)
+            for ev in dec.stream(prompt, max_tokens=2, sampling=s, draft_max=3, keep_cache=True):
+                if isinstance(ev, DraftProposed):
+                    drafted_beyond_target += sum(t >= n_target for t in ev.tokens)
+                elif isinstance(ev, Finished):
+                    key = tuple(ev.result.tokens)
+                    counts[key] = counts.get(key, 0) + 1
+        pvalue = goodness_of_fit(counts, exact)
+        assert pvalue > 1e-3, f"{case}: p-value {pvalue:.2e}"
+        only_target = sum(c for key, c in counts.items() for t in key if t >= n_draft)
+        if n_target > n_draft:
+            # ids the draft lacks (q = 0) come from the residual, as often as p says
+            expected = sum(p for key, p in exact.items() for t in key if t >= n_draft)
+            assert only_target > 0.5 * expected * UNEVEN_RUNS > 20, (only_target, expected)
+        else:
+            # the draft proposed ids the target lacks; all were rejected, none came out
+            assert drafted_beyond_target > 20 and only_target == 0
+    finally:
+        probe.close()
+        dec.close()
+
+
+@pytest.mark.parametrize("case", ["target has 64 more ids", "draft has 64 more ids"])
+def test_uneven_vocabularies_greedy_equals_the_target_alone(uneven_pairs, case):
+    target_path, draft_path = uneven_pairs[case]
+    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1)
+    try:
+        greedy = SamplingParams(temperature=0.0)
+        for text in ("the cat sat on the", "Hello world", "Once upon a time"):
+            alone = dec.generate(text, max_tokens=40, sampling=greedy, draft_max=0)
+            for k in (1, 4):
+                spec = dec.generate(text, max_tokens=40, sampling=greedy, draft_max=k)
+                assert spec.tokens == alone.tokens, (text, k)
+    finally:
+        dec.close()

@@ -6,6 +6,7 @@ import pytest
 from specllama import InvalidParameterError, SamplingParams
 from specllama.sampling import (
     acceptance_probability,
+    on_target_vocab,
     probabilities,
     residual,
     sample,
@@ -73,6 +74,54 @@ def test_verify_empirical_matches_p_two_positions():
         m, x = verify(lambda i: [p1, p2, p3][i], [d1], [q1], rng)
         counts[d1 if m == 1 else x] += 1
     # chi-square against p1 (2 dof); 0.001 critical value 13.8
+    chi2 = np.sum((counts - n * p1) ** 2 / (n * p1))
+    assert chi2 < 13.8
+
+
+def uneven_one_round_distribution(p, q):
+    """Exact law of the emitted token when d ~ q over the draft's vocabulary, which may be
+    longer or shorter than the target's (p)."""
+    out = np.zeros(len(p))
+    for d in np.flatnonzero(q):
+        a = acceptance_probability(p, q, int(d))
+        if d < len(p):
+            out[d] += q[d] * a
+        out += q[d] * (1 - a) * residual(p, q, int(d))
+    return out
+
+
+@pytest.mark.parametrize("n_draft", [8, 12, 15, 19])
+@pytest.mark.parametrize("seed", range(5))
+def test_uneven_vocabularies_reproduce_p_exactly(seed, n_draft):
+    """Target 12 ids; drafts with 4 or 1 fewer (ids they lack have q = 0) or 3 or 7 more
+    (ids the target lacks have p = 0, always rejected, never out of range)."""
+    rng = np.random.default_rng(seed)
+    p = softmax(rng.normal(size=12) * 2)
+    q = softmax(rng.normal(size=n_draft) * 2)
+    np.testing.assert_allclose(uneven_one_round_distribution(p, q), p, atol=1e-12)
+
+
+def test_on_target_vocab_pads_with_zero_and_cuts_without_renormalising():
+    q = np.array([0.5, 0.3, 0.2])
+    np.testing.assert_array_equal(on_target_vocab(q, 5), [0.5, 0.3, 0.2, 0.0, 0.0])
+    np.testing.assert_array_equal(on_target_vocab(q, 2), [0.5, 0.3])
+    assert on_target_vocab(q, 3) is q
+    p = np.array([0.6, 0.4])
+    assert acceptance_probability(p, q, 2) == 0.0  # an id the target lacks
+    assert acceptance_probability(p, None, 7) == 0.0
+    np.testing.assert_allclose(residual(p, None, 7), p)
+
+
+def test_verify_with_a_longer_draft_vocabulary_matches_p():
+    rng = np.random.default_rng(1)
+    p1 = softmax(np.array([1.0, 0.2, -0.5]))
+    q1 = softmax(np.array([0.0, 1.0, 0.0, 0.8, 0.5]))  # two ids the target lacks
+    n = 40000
+    counts = np.zeros(3)
+    for _ in range(n):
+        d1 = sample(q1, rng)
+        m, x = verify(lambda i: p1, [d1], [q1], rng)  # row 1 (the bonus) is unused
+        counts[d1 if m == 1 else x] += 1
     chi2 = np.sum((counts - n * p1) ** 2 / (n * p1))
     assert chi2 < 13.8
 

@@ -62,18 +62,22 @@ def test_self_draft_acceptance_is_sane(dec):
                            draft_max=4)
     # Q4_0 of the same weights: per-position alpha ~0.75 (measured), far from 0 or 1
     assert 0.5 < sampled.stats.acceptance_by_position[0] < 0.98
-    assert "4" in dec.generate(chat_tokens(dec, "What is 2 + 2?"), max_tokens=24,
-                               sampling=SamplingParams(0.0), draft_max=4).text
 
 
 def test_default_pair_through_the_cli(smollm2_path):
-    result = CliRunner().invoke(
-        cli, ["generate", "What is 2 + 2?", "--json", "--temperature", "0", "--max-tokens", "24"]
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert data["settings"]["pair"] == "smollm2"
-    assert "4" in data["text"]
+    """The words differ between CPUs; that drafting changes none of them does not."""
+    texts = []
+    for draft_max in ("3", "0"):
+        result = CliRunner().invoke(cli, [
+            "generate", "What is 2 + 2?", "--json", "--temperature", "0", "--max-tokens", "24",
+            "--draft-max", draft_max,
+        ])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["settings"]["pair"] == "smollm2"
+        assert data["text"].strip() and data["finish_reason"] in ("eos", "length")
+        texts.append(data["text"])
+    assert texts[0] == texts[1]
 
 
 @pytest.fixture(scope="module")

@@ -241,3 +241,17 @@ def test_chat_saves_the_trace_page(decoder, chromium, tmp_path):
     assert chips.stats["stat-target"] == str(totals.target_steps)
     assert chips.kinds.count("accepted") + chips.kinds.count("corrected") == totals.tokens
     assert "the cat &lt;b&gt;and&lt;/b&gt; the dog" in dom  # the user's words, escaped
+
+
+def test_a_stopped_run_still_adds_up(tiny, tmp_path):
+    path = tmp_path / "run.json"
+    result = run("generate", "the cat sat on the", *tiny, "--raw", "--json", "--max-tokens", 60,
+                 "--temperature", 1.0, "--seed", 4, "--draft-max", 4, "--stop", "e",
+                 "--trace", path)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["finish_reason"] == "stop"
+    (gen,) = json.loads(path.read_text())["generations"]
+    assert len(gen["rounds"]) == printed["stats"]["target_steps"]
+    assert sum(r["accepted"] for r in gen["rounds"]) == printed["stats"]["accepted"]
+    assert gen["text"] == printed["text"] and "e" not in gen["text"]

@@ -30,6 +30,7 @@ __all__ = [
     "CHATML",
     "DEFAULT_LOGIT_SCALE",
     "vocab_pieces",
+    "write_tiny_mamba",
     "write_tiny_model",
 ]
 
@@ -203,11 +204,18 @@ def write_tiny_model(
     chat_template: str | None = CHATML,
     add_space_prefix: bool = True,
     name: str | None = None,
+    extra_tokens: int = 0,
 ) -> Path:
     """Write a tiny random ``llama`` GGUF model to ``path`` and return the path.
 
     ``noise`` is relative: each tensor ``W`` becomes ``W + noise * rms(W) * N(0, 1)``
     with the normal draws taken from ``noise_seed`` (norm weights included).
+
+    ``extra_tokens`` appends that many ordinary pieces ("▁zz0", "▁zz1", ...) at the end of
+    the vocabulary, with their own embedding and output rows drawn from a separate
+    generator: the other weights stay those of the same ``seed`` without them, so such a
+    model and one without the extras form a pair whose vocabularies differ at the end, as
+    Qwen2.5 7B (152,064 ids) and 0.5B (151,936) do.
 
     ``add_space_prefix=True`` (the SPM/Llama-1/2 default) makes llama.cpp prepend "▁" to
     the text it tokenizes, so detokenizing yields a leading space unless it is stripped
@@ -221,6 +229,8 @@ def write_tiny_model(
     path.parent.mkdir(parents=True, exist_ok=True)
 
     entries = vocab_pieces(vocab)
+    n_base = len(entries)
+    entries = entries + [(f"▁zz{i}", -float(n_base + i), _NORMAL) for i in range(extra_tokens)]
     texts = [e[0] for e in entries]
     scores = [e[1] for e in entries]
     types = [e[2] for e in entries]
@@ -229,7 +239,7 @@ def write_tiny_model(
 
     weights = _weights(
         seed=seed,
-        types=types,
+        types=types[:n_base],
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
@@ -237,6 +247,12 @@ def write_tiny_model(
         n_ff=n_ff,
         logit_scale=logit_scale,
     )
+    if extra_tokens:
+        xrng = np.random.default_rng(seed + 7919)
+        rows = xrng.standard_normal((extra_tokens, n_embd))
+        weights["token_embd.weight"] = np.vstack([weights["token_embd.weight"], rows])
+        rows = xrng.standard_normal((extra_tokens, n_embd)) * logit_scale / np.sqrt(n_embd)
+        weights["output.weight"] = np.vstack([weights["output.weight"], rows])
     if noise > 0:
         nrng = np.random.default_rng(noise_seed)
         for k, v in weights.items():
@@ -279,4 +295,69 @@ def write_tiny_model(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 32,
+                     d_state: int = 8, d_conv: int = 4) -> Path:
+    """A tiny random Mamba (recurrent) model with vocabulary "a": its memory keeps a running
+    state, so llama.cpp cannot drop a suffix of it, the case speculation must refuse."""
+    import gguf
+
+    path = Path(path)
+    entries = vocab_pieces("a")
+    n_vocab = len(entries)
+    d_inner = 2 * n_embd
+    dt_rank = max(1, n_embd // 16)
+    rng = np.random.default_rng(seed)
+    inv = 1.0 / np.sqrt(n_embd)
+    w: dict[str, np.ndarray] = {"token_embd.weight": rng.standard_normal((n_vocab, n_embd))}
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(n_embd)
+        w[p + "ssm_in.weight"] = rng.standard_normal((2 * d_inner, n_embd)) * inv
+        w[p + "ssm_conv1d.weight"] = rng.standard_normal((d_inner, d_conv)) * 0.5
+        w[p + "ssm_conv1d.bias"] = np.zeros(d_inner)
+        w[p + "ssm_x.weight"] = rng.standard_normal((dt_rank + 2 * d_state, d_inner)) / np.sqrt(
+            d_inner
+        )
+        w[p + "ssm_dt.weight"] = rng.standard_normal((d_inner, dt_rank)) * 0.5
+        w[p + "ssm_dt.bias"] = np.full(d_inner, -2.0)
+        w[p + "ssm_a"] = -np.tile(np.arange(1, d_state + 1, dtype=np.float64), (d_inner, 1))
+        w[p + "ssm_d"] = np.ones(d_inner)
+        w[p + "ssm_out.weight"] = rng.standard_normal((n_embd, d_inner)) / np.sqrt(d_inner)
+    w["output_norm.weight"] = np.ones(n_embd)
+    w["output.weight"] = rng.standard_normal((n_vocab, n_embd)) * inv * DEFAULT_LOGIT_SCALE
+
+    arch = "mamba"
+    g = gguf.GGUFWriter(str(path), arch)
+    g.add_string("general.name", f"tiny-mamba-s{seed}")
+    g.add_uint32("general.file_type", 0)
+    g.add_uint32(f"{arch}.vocab_size", n_vocab)
+    g.add_uint32(f"{arch}.context_length", 4096)
+    g.add_uint32(f"{arch}.embedding_length", n_embd)
+    g.add_uint32(f"{arch}.block_count", n_layer)
+    g.add_uint32(f"{arch}.feed_forward_length", 0)
+    g.add_uint32(f"{arch}.attention.head_count", 0)
+    g.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
+    g.add_uint32(f"{arch}.ssm.inner_size", d_inner)
+    g.add_uint32(f"{arch}.ssm.state_size", d_state)
+    g.add_uint32(f"{arch}.ssm.time_step_rank", dt_rank)
+    g.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    g.add_string("tokenizer.ggml.model", "llama")
+    g.add_array("tokenizer.ggml.tokens", [e[0] for e in entries])
+    g.add_array("tokenizer.ggml.scores", [e[1] for e in entries])
+    g.add_array("tokenizer.ggml.token_type", [e[2] for e in entries])
+    g.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+    g.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    g.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    g.add_uint32("tokenizer.ggml.eot_token_id", 4)
+    g.add_bool("tokenizer.ggml.add_bos_token", True)
+    g.add_string("tokenizer.chat_template", CHATML)
+    for k, v in w.items():
+        g.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
     return path

@@ -1,0 +1,101 @@
+"""A stop string ends generation cleanly: the tokens, the stats and both KV caches keep
+only the history up to the stop (at most the token the stop text begins in), and no
+token event follows the stop."""
+
+import pytest
+
+from specllama import (
+    Finished,
+    SamplingParams,
+    SpeculativeDecoder,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def dec(tiny_target, tiny_draft):
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def full(dec):
+    """The greedy continuation without stops, and each token's text."""
+    res = dec.generate(PROMPT, max_tokens=60, sampling=GREEDY, draft_max=0)
+    pieces = [dec.target.detokenize([t]) for t in res.tokens]
+    assert len(res.tokens) > 20 and "".join(pieces) == res.text
+    return res.tokens, pieces
+
+
+def stops_at_token(pieces: list[str], n_tokens: int, *, mid: bool) -> tuple[str, int]:
+    """A stop string spanning three tokens that begins in token i >= 8 (at its start, or one
+    character into it) and occurs nowhere earlier; returns it and i."""
+    for i in range(8, len(pieces) - 3):
+        if mid and len(pieces[i]) < 2:
+            continue
+        start = sum(len(p) for p in pieces[:i]) + (1 if mid else 0)
+        stop = "".join(pieces[i : i + 3])[1 if mid else 0 :]
+        if "".join(pieces).find(stop) == start:
+            return stop, i
+    pytest.skip("no suitable stop string in this continuation")
+
+
+def run(dec, stop, **kw):
+    events = list(dec.stream(PROMPT, max_tokens=60, sampling=GREEDY, stop=[stop], **kw))
+    result = events[-1].result
+    return events, result
+
+
+@pytest.mark.parametrize("draft_max", [0, 1, 4, 8])
+@pytest.mark.parametrize("mid", [False, True], ids=["at a token boundary", "inside a token"])
+def test_a_stop_keeps_exactly_the_visible_history(dec, full, draft_max, mid):
+    tokens, pieces = full
+    stop, i = stops_at_token(pieces, len(tokens), mid=mid)
+    events, res = run(dec, stop, draft_max=draft_max)
+
+    assert res.finish_reason == "stop"
+    assert res.text == "".join(pieces)[: "".join(pieces).find(stop)]
+    # tokens: the text, plus (inside a token) the one token the stop begins in
+    assert res.tokens == tokens[: i + (1 if mid else 0)]
+    assert dec.target.detokenize(res.tokens).startswith(res.text)
+    assert res.stats.tokens == len(res.tokens)
+    # both caches hold the kept history less its newest token, nothing past the stop
+    history = dec.tokenize(PROMPT) + res.tokens
+    assert dec.target.cached == history[:-1]
+    assert dec.draft.cached == history[: len(dec.draft.cached)]
+    # the events tell the same story, and nothing but text follows the stop
+    shown = "".join(e.text for e in events if isinstance(e, (TokensAccepted, TargetToken,
+                                                             TextFlushed)))
+    assert shown == res.text
+    last_round = max(j for j, e in enumerate(events) if not isinstance(e, (TextFlushed, Finished)))
+    assert all(isinstance(e, (TextFlushed, Finished)) for e in events[last_round + 1 :])
+    assert isinstance(events[-1], Finished)
+
+
+def test_the_next_turn_continues_from_the_visible_text(dec, full):
+    """As in a chat: the next call resends the history and only its new tokens are read."""
+    tokens, pieces = full
+    stop, i = stops_at_token(pieces, len(tokens), mid=True)
+    _, res = run(dec, stop, draft_max=4)
+    history = dec.tokenize(PROMPT) + res.tokens
+    follow = history + dec.tokenize(" and")[1:]
+    before = dec.target.tokens_evaluated
+    nxt = dec.generate(follow, max_tokens=8, sampling=GREEDY, draft_max=4, keep_cache=True)
+    assert nxt.stats.prompt_reused == len(history) - 1  # all the cache held: nothing past the stop
+    cold = dec.generate(follow, max_tokens=8, sampling=GREEDY, draft_max=0)
+    assert nxt.tokens == cold.tokens
+    assert dec.target.tokens_evaluated > before
+
+
+def test_a_stop_at_the_very_start_keeps_nothing(dec, full):
+    tokens, pieces = full
+    _, res = run(dec, pieces[0], draft_max=4)
+    assert res.finish_reason == "stop" and res.text == "" and res.tokens == []
+    assert res.stats.tokens == 0
+    assert dec.target.cached == dec.tokenize(PROMPT)[:-1]
