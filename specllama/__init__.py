@@ -3,18 +3,14 @@
     from specllama import SpeculativeDecoder, SamplingParams
     dec = SpeculativeDecoder.load(target="t.gguf", draft="d.gguf", n_ctx=2048)
     res = dec.generate("Hello", max_tokens=64, sampling=SamplingParams(seed=1), draft_max=4)
+
+The layers (docs/architecture.md): engine/ (llama.cpp, sampling, the round loop),
+policy/ (draft lengths), models/ (models.toml, model sources), cli/.
 """
 
-from .errors import (
-    ConfigError,
-    ContextOverflowError,
-    DraftDerivationError,
-    IncompatiblePairError,
-    InvalidParameterError,
-    ModelLoadError,
-    SpecLlamaError,
-)
-from .events import (
+from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic")
+from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
+from .engine.events import (
     DraftProposed,
     Event,
     Finished,
@@ -24,9 +20,17 @@ from .events import (
     TextFlushed,
     TokensAccepted,
 )
-from .sampling import SamplingParams
-from .speculative import GenerationResult, SpeculativeDecoder
-from .stats import Stats
+from .engine.sampling import SamplingParams
+from .engine.stats import Stats
+from .errors import (
+    ConfigError,
+    ContextOverflowError,
+    DraftDerivationError,
+    IncompatiblePairError,
+    InvalidParameterError,
+    ModelLoadError,
+    SpecLlamaError,
+)
 
 __version__ = "0.1.0"
 
@@ -38,6 +42,7 @@ __all__ = [
     "Event",
     "Finished",
     "GenerationResult",
+    "GenerationStream",
     "IncompatiblePairError",
     "InvalidParameterError",
     "ModelLoadError",

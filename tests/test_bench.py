@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
-from specllama.bench import (
+from specllama.cli.bench import (
     BenchPrompt,
     bench_command,
     builtin_prompts,
@@ -71,7 +71,7 @@ def test_builtin_prompts_cover_the_tasks():
 
 @pytest.fixture(scope="module")
 def report(tiny_target, tiny_draft, tmp_path_factory):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
     prompts = [BenchPrompt("one", "the cat sat on the"), BenchPrompt("two", "Once upon a time")]
     seen = []
     with pytest.MonkeyPatch.context() as mp:
@@ -140,7 +140,7 @@ def test_report_is_json_and_plots(report, tmp_path):
 
 
 def test_run_bench_rejects_bad_input(tiny_target):
-    dec = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, n_threads=1, p_min=0.0)
     with pytest.raises(InvalidParameterError):
         run_bench(dec, [], parse_modes("target"))
     with pytest.raises(InvalidParameterError):

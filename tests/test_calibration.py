@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specllama import calibration as cal
-from specllama.backend import Model
-from specllama.calibration import (
+from specllama.engine.llama import Model
+from specllama.policy import calibration as cal
+from specllama.policy.calibration import (
     CostCurve,
-    OnlineCurve,
-    RecentMedian,
     cache_path,
     calibrate,
     isotonic,
@@ -198,52 +196,3 @@ def test_real_model_calibration_roundtrip(tiny_target, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- online
-
-
-def test_online_curve_follows_a_uniform_slowdown():
-    base = CostCurve(tuple(0.01 * (1 + 0.3 * i) for i in range(16)))
-    on = OnlineCurve(base)
-    for _ in range(20):
-        on.observe(1, 0.02)  # only plain steps seen, twice as slow as calibrated
-    assert on.t(1) == pytest.approx(0.02, rel=0.02)
-    assert on.ratio(5) == pytest.approx(base.ratio(5), rel=0.05)  # the shape is kept
-
-
-def test_online_curve_learns_one_size_and_shrugs_off_outliers():
-    base = CostCurve(tuple(0.01 * (1 + 0.3 * i) for i in range(16)))
-    on = OnlineCurve(base)
-    for _ in range(60):
-        on.observe(1, 0.01)
-        on.observe(4, base.t(4) * 1.5)  # size 4 is dearer than calibrated
-    assert on.t(4) / on.t(1) == pytest.approx(1.5 * base.ratio(4), rel=0.1)
-    t1 = on.t(1)
-    on.observe(1, 10.0)  # one stray slow decode (another process ran)
-    assert on.t(1) == pytest.approx(t1, rel=0.2)
-    on.observe(1, float("nan"))
-    on.observe(0, 1.0)
-    assert on.t(1) == pytest.approx(t1, rel=0.2)
-
-
-def test_recent_median():
-    r = RecentMedian(5.0, window=5, min_count=3)
-    assert r.value == 5.0
-    r.add(1.0)
-    r.add(2.0)
-    assert r.value == 5.0
-    r.add(100.0)
-    assert r.value == 2.0
-
-
-def test_online_curve_ratios_do_not_drift_on_plain_steps():
-    """Hours of plain steps on a noisy machine leave the calibrated shape alone."""
-    import random
-
-    base = CostCurve(tuple(0.01 * (1 + 0.8 * i) for i in range(16)))
-    on = OnlineCurve(base)
-    rng = random.Random(3)
-    level = 1.0
-    for _ in range(3000):
-        level = min(2.0, max(0.7, level * rng.uniform(0.97, 1.03)))  # the machine drifts
-        on.observe(1, 0.01 * level * rng.uniform(0.8, 1.25))
-    assert on.ratio(2) == pytest.approx(base.ratio(2), rel=1e-9)
-    assert on.ratio(8) == pytest.approx(base.ratio(8), rel=1e-9)

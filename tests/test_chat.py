@@ -25,8 +25,8 @@ from specllama import (
     SpeculativeDecoder,
     TokensAccepted,
 )
-from specllama.chat import ChatREPL, ChatSession, parse_setting
-from specllama.options import RunSettings
+from specllama.cli.chat import ChatREPL, ChatSession, parse_setting
+from specllama.cli.options import RunSettings
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|\r")
@@ -62,7 +62,7 @@ def open_session(tiny_target, tiny_draft):
 
     def make(n_ctx=1024, target=None, draft=None, system=None, **over):
         dec = SpeculativeDecoder.load(
-            target or tiny_target, draft or tiny_draft, n_ctx=n_ctx, n_threads=1
+            target or tiny_target, draft or tiny_draft, n_ctx=n_ctx, n_threads=1, p_min=0.0
         )
         decoders.append(dec)
         return ChatSession(dec, settings(dec.n_ctx, **over), system=system)
@@ -528,11 +528,11 @@ def test_two_turns_with_smollm2(smollm2_path):
     do too): the template is applied to both turns, each reply is non-empty and ends for a
     stated reason, turn 2 reads only its new tokens, and the speculative replies are the
     target's own greedy replies on this machine."""
-    from specllama.config import find_and_load_config
-    from specllama.sources import resolve_pair
+    from specllama.models.config import find_and_load_config
+    from specllama.models.sources import resolve_pair
 
     target, draft = resolve_pair(find_and_load_config().pair("smollm2"))
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2, p_min=0.0)
     replies: dict[int, list] = {}
     try:
         for draft_max in (3, 0):

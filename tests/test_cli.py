@@ -347,7 +347,7 @@ def test_p_min_flag_reaches_the_decoder_and_the_report(run, tiny, config):
 
 def test_auto_calibrates_at_load_and_recalibrate_measures_again(run, tiny, tmp_path,
                                                                  monkeypatch):
-    from specllama import calibration as cal
+    from specllama.policy import calibration as cal
 
     measured = []
 

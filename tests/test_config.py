@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specllama import config as config_mod
-from specllama.config import (
+from specllama.errors import ConfigError, InvalidParameterError, SpecLlamaError
+from specllama.models import search as config_mod
+from specllama.models.config import (
     DERIVE_QUANTS,
     Config,
     ModelSource,
@@ -21,7 +22,6 @@ from specllama.config import (
     packaged_config_path,
     validate_setting,
 )
-from specllama.errors import ConfigError, InvalidParameterError, SpecLlamaError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

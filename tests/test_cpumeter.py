@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from specllama.cpumeter import MIN_WALL_S, CpuMeter
+from specllama.policy.cpumeter import MIN_WALL_S, CpuMeter
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc/stat")
 

@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-import specllama.sampling as sampling_module
+import specllama.engine.sampling as sampling_module
 from specllama import DraftProposed, Finished, SamplingParams, SpeculativeDecoder
-from specllama.backend import Model
-from specllama.sampling import probabilities
+from specllama.engine.llama import Model
+from specllama.engine.sampling import probabilities
 
 RUNS = 3000
 PROMPT_TEXT = "the cat sat on the"
@@ -88,7 +88,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def setup(tiny_target, tiny_draft):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = dec.tokenize(PROMPT_TEXT)
     yield dec, probe, prompt
@@ -102,7 +102,8 @@ def test_first_two_tokens_follow_the_target_distribution(setup, name):
     params = SETTINGS[name]
     exact = exact_first_two(probe, prompt, params)
     counts = empirical_first_two(dec, prompt, params, draft_max=3)
-    assert dec.last_result.stats.drafted > 0
+    last = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, RUNS - 1)
+    assert dec.generate(prompt, max_tokens=2, sampling=last, draft_max=3).stats.drafted > 0
     pvalue = goodness_of_fit(counts, exact)
     assert pvalue > 1e-3, f"{name}: p-value {pvalue:.2e}"
 
@@ -187,7 +188,7 @@ def lookup_chain_prompt(dec: SpeculativeDecoder, probe: Model, params: SamplingP
     the earlier base and proposes three tokens of the continuation. Of the candidates, the
     one whose three proposals the target finds likeliest in turn (each in (0.1, 0.95), so
     acceptance and rejection both happen at every draft position)."""
-    from specllama.lookup import NgramIndex
+    from specllama.engine.lookup import NgramIndex
 
     greedy = SamplingParams(temperature=0.0)
     best, best_score = None, 0.0
@@ -237,16 +238,16 @@ def first_used_q_everywhere(verify):
 
 WRONG_RULES = {
     # name -> (module attribute to replace, replacement factory)
-    "q_1 used at every position": ("specllama.speculative.verify", first_used_q_everywhere),
+    "q_1 used at every position": ("specllama.engine.decoder.verify", first_used_q_everywhere),
     "residual that keeps the rejected token": (
-        "specllama.sampling.residual", lambda real: (lambda p, q, token: p)
+        "specllama.engine.sampling.residual", lambda real: (lambda p, q, token: p)
     ),
 }
 
 
 @pytest.fixture(scope="module")
 def chain_setup(tiny_target, tiny_draft):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = lookup_chain_prompt(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
     yield dec, probe, prompt
@@ -325,7 +326,7 @@ def uneven_pairs(tiny_model_factory):
 @pytest.mark.parametrize("case", ["target has 64 more ids", "draft has 64 more ids"])
 def test_uneven_vocabularies_are_exact(uneven_pairs, case):
     target_path, draft_path = uneven_pairs[case]
-    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1, p_min=0.0)
     probe = Model(target_path, n_ctx=256, n_threads=1)
     try:
         n_target, n_draft = dec.target.n_vocab, dec.draft.n_vocab
@@ -361,7 +362,7 @@ def test_uneven_vocabularies_are_exact(uneven_pairs, case):
 @pytest.mark.parametrize("case", ["target has 64 more ids", "draft has 64 more ids"])
 def test_uneven_vocabularies_greedy_equals_the_target_alone(uneven_pairs, case):
     target_path, draft_path = uneven_pairs[case]
-    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=256, n_threads=1, p_min=0.0)
     try:
         greedy = SamplingParams(temperature=0.0)
         for text in ("the cat sat on the", "Hello world", "Once upon a time"):

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 import specllama
-from specllama import sources
-from specllama.config import ModelSource, Pair, load_config, packaged_config_path
 from specllama.errors import ConfigError, ModelLoadError
-from specllama.sources import (
+from specllama.models import hf
+from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
+from specllama.models.sources import (
     hf_cache_dir,
     hf_cli,
     hf_offline,
@@ -392,7 +392,7 @@ def test_transformers_offline_counts_too(monkeypatch):
 )
 def test_hf_cli_name_follows_the_installed_version(monkeypatch, version, cli):
     monkeypatch.setattr(
-        sources,
+        hf,
         "_hub_version",
         lambda: None if version is None else tuple(int(x) for x in version.split(".")[:2]),
     )
@@ -590,7 +590,7 @@ def test_real_hub_error_classes_are_recognized():
 
     assert "RepositoryNotFoundError" in names(hub_errors.GatedRepoError)
     assert "EntryNotFoundError" in names(hub_errors.RemoteEntryNotFoundError)
-    assert sources._UNREACHABLE & names(hub_errors.LocalEntryNotFoundError)
+    assert hf._UNREACHABLE & names(hub_errors.LocalEntryNotFoundError)
     assert "ConnectionError" in names(hub_errors.OfflineModeIsEnabled)
 
 
@@ -870,10 +870,10 @@ def fake_backend(monkeypatch) -> list:
         calls.append((Path(src), ftype))
         Path(dst).write_bytes(b"GGUF" + ftype.encode() + Path(src).read_bytes())
 
-    module = types.ModuleType("specllama.backend")
+    module = types.ModuleType("specllama.engine.llama")
     module.quantize = quantize
-    monkeypatch.setitem(sys.modules, "specllama.backend", module)
-    monkeypatch.setattr(specllama, "backend", module, raising=False)
+    monkeypatch.setitem(sys.modules, "specllama.engine.llama", module)
+    monkeypatch.setattr(specllama.engine, "llama", module, raising=False)
     return calls
 
 
@@ -963,7 +963,7 @@ def test_status_of_the_shipped_hf_pairs_is_offline_and_quick():
 def test_llama_cpp_loads_tiny_models_from_the_hf_cache(tmp_path, hf_cache, tiny_target, tiny_draft):
     """The snapshot symlinks are what llama.cpp gets, and it loads them."""
     pytest.importorskip("llama_cpp")
-    from specllama.speculative import SpeculativeDecoder
+    from specllama.engine.decoder import SpeculativeDecoder
 
     add_to_cache(hf_cache, "tiny/tiny-GGUF", {"tiny-target.gguf": tiny_target})
     add_to_cache(hf_cache, "tiny/tiny-GGUF", {"tiny-draft.gguf": tiny_draft})
@@ -972,7 +972,7 @@ def test_llama_cpp_loads_tiny_models_from_the_hf_cache(tmp_path, hf_cache, tiny_
     )
     target, draft = resolve_pair(pair)
     assert target.read_bytes() == tiny_target.read_bytes()
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
     try:
         assert dec.draft is not None
     finally:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import platformdirs
 
-from specllama.sources import cache_dir
+from specllama.models.sources import cache_dir
 
 
 def test_the_suite_never_writes_into_the_users_directories(tmp_path_factory):

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from rich.cells import get_character_cell_size
 
-from specllama.events import (
+from specllama.engine.events import (
     DraftProposed,
     RoundVerified,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
-from specllama.liveview import LiveDrafts
-from specllama.textstream import TextStream
+from specllama.cli.liveview import LiveDrafts
+from specllama.engine.textstream import TextStream
 
 pyte = pytest.importorskip("pyte")
 

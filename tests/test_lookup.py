@@ -9,7 +9,7 @@ import pytest
 from test_exactness import RUNS, exact_first_two, goodness_of_fit
 from test_speculative import PROMPTS, top_two_gap
 
-import specllama.sampling as sampling_module
+import specllama.engine.sampling as sampling_module
 from specllama import (
     DraftProposed,
     Finished,
@@ -19,10 +19,11 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.backend import Model
-from specllama.drafting import Draft, ModelDraft, make_strategy
-from specllama.lookup import HybridDraft, LookupDraft, NgramIndex
-from specllama.sampling import probabilities
+from specllama.engine.decoder import make_strategy
+from specllama.engine.drafts import Draft, ModelDraft
+from specllama.engine.llama import Model
+from specllama.engine.lookup import HybridDraft, LookupDraft, NgramIndex
+from specllama.engine.sampling import probabilities
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -244,14 +245,14 @@ def test_hybrid_prefers_lookup_and_falls_back_to_the_model():
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
 def dec_lookup(tiny_target):
-    d = SpeculativeDecoder.load(tiny_target, "lookup", n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, "lookup", n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
@@ -475,7 +476,7 @@ def test_lookup_on_the_real_model_copy_prompts(smollm2_path):
 
     lines = resources.files("specllama").joinpath("prompts/copy.jsonl").read_text("utf-8")
     prompts = {p["id"]: p["prompt"] for p in map(json.loads, lines.splitlines()) if p}
-    d = SpeculativeDecoder.load(smollm2_path, "lookup", n_ctx=1024, n_threads=2)
+    d = SpeculativeDecoder.load(smollm2_path, "lookup", n_ctx=1024, n_threads=2, p_min=0.0)
     probe = Model(smollm2_path, n_ctx=1024, n_threads=2)
     try:
         for pid in ("copy-text-replace",):

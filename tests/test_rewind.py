@@ -13,8 +13,8 @@ from specllama import (
     SamplingParams,
     SpeculativeDecoder,
 )
-from specllama.backend import Model
 from specllama.cli import cli
+from specllama.engine.llama import Model
 from specllama.errors import KVCacheError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -39,7 +39,7 @@ def test_llama_cpp_reports_the_memory_kind(mamba, tiny_target):
 def test_a_recurrent_model_in_a_pair_is_refused_in_one_line(mamba, tiny_target, role):
     target, draft = (tiny_target, mamba) if role == "draft" else (mamba, tiny_target)
     with pytest.raises(IncompatiblePairError) as info:
-        SpeculativeDecoder.load(target, draft, n_ctx=128, n_threads=1)
+        SpeculativeDecoder.load(target, draft, n_ctx=128, n_threads=1, p_min=0.0)
     assert str(info.value) == (
         f"{role} tiny-mamba.gguf is a recurrent model: its memory cannot drop rejected draft "
         "tokens, so it cannot take part in speculative decoding; run it as a target alone "
@@ -54,7 +54,7 @@ def test_a_recurrent_model_in_a_pair_is_refused_in_one_line(mamba, tiny_target, 
 
 
 def test_a_recurrent_target_alone_works_and_refuses_lookup_drafting(mamba):
-    dec = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1)
+    dec = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1, p_min=0.0)
     try:
         res = dec.generate("the cat", max_tokens=12, sampling=GREEDY, draft_max=0)
         assert res.tokens and res.stats.target_steps == len(res.tokens)
@@ -68,7 +68,7 @@ def test_a_recurrent_target_alone_works_and_refuses_lookup_drafting(mamba):
 def test_a_recurrent_cache_is_rebuilt_when_a_suffix_must_go(mamba):
     """A chat whose next prompt diverges from what the cache holds (or a stop string cut
     back): the state is rebuilt from the kept tokens and the output is the cold one."""
-    dec = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1)
+    dec = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1, p_min=0.0)
     try:
         first = dec.generate("the cat sat on the", max_tokens=10, sampling=GREEDY, draft_max=0)
         kept = dec.tokenize("the cat sat on the") + first.tokens[:3]
@@ -102,7 +102,7 @@ def test_a_refused_cut_raises_instead_of_continuing(mamba):
 def test_an_error_during_generation_is_reported_as_such(tiny_target, tiny_draft, monkeypatch):
     """finish_reason says "error" (not "interrupted") when an exception ended the run, and
     the caches are still a prefix of the history."""
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
     real, calls = dec.target.truncate, []
 
     def refused_on_the_third_round(n: int) -> None:
@@ -113,9 +113,11 @@ def test_an_error_during_generation_is_reported_as_such(tiny_target, tiny_draft,
 
     monkeypatch.setattr(dec.target, "truncate", refused_on_the_third_round)
     try:
+        stream = dec.stream("Once upon a time", max_tokens=40, sampling=GREEDY, draft_max=3)
         with pytest.raises(KVCacheError):
-            dec.generate("Once upon a time", max_tokens=40, sampling=GREEDY, draft_max=3)
-        res = dec.last_result
+            for _ in stream:
+                pass
+        res = stream.result
         assert res.finish_reason == "error"
         history = dec.tokenize("Once upon a time") + res.tokens
         assert dec.target.cached == history[: len(dec.target.cached)]

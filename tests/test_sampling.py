@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specllama import InvalidParameterError, SamplingParams
-from specllama.sampling import (
+from specllama.engine.sampling import (
     acceptance_probability,
     on_target_vocab,
     probabilities,

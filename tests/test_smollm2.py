@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
-from specllama.backend import Model
 from specllama.cli import cli
-from specllama.config import find_and_load_config
-from specllama.sources import resolve_pair
+from specllama.engine.llama import Model
+from specllama.models.config import find_and_load_config
+from specllama.models.sources import resolve_pair
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def pair_paths(smollm2_path):
 @pytest.fixture(scope="module")
 def dec(pair_paths):
     target, draft = pair_paths
-    d = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2)
+    d = SpeculativeDecoder.load(target, draft, n_ctx=1024, n_threads=2, p_min=0.0)
     yield d
     d.close()
 

@@ -1,6 +1,6 @@
 """Model sources: checked GGUF paths, package files, and derived (requantized) drafts.
 
-The derive tests replace ``specllama.backend`` with a fake whose ``quantize`` copies
+The derive tests replace ``specllama.engine.llama`` with a fake whose ``quantize`` copies
 the file: they test our file logic (naming, reuse, atomicity, locking, errors), not
 llama.cpp. One slow test at the end uses the real backend on the real SmolLM2 model.
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import specllama
-from specllama import sources
-from specllama.config import ModelSource, Pair, load_config, packaged_config_path
 from specllama.errors import DraftDerivationError, ModelLoadError
-from specllama.sources import cache_dir, derived_path, resolve_pair, resolve_source
+from specllama.models import derive
+from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
+from specllama.models.sources import cache_dir, derived_path, resolve_pair, resolve_source
 
 GGUF_BYTES = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(64))
 
@@ -50,7 +50,7 @@ def pair_from_toml(tmp_path: Path, body: str) -> Pair:
 
 
 class FakeBackend:
-    """Stands in for specllama.backend: quantize = "GGUF" + quant name + source bytes."""
+    """Stands in for specllama.engine.llama: quantize = "GGUF" + quant name + source bytes."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Path, Path, str, int | None]] = []
@@ -65,20 +65,20 @@ class FakeBackend:
 
 
 def install_fake_backend(quantize) -> types.ModuleType:
-    module = types.ModuleType("specllama.backend")
+    module = types.ModuleType("specllama.engine.llama")
     module.quantize = quantize
-    sys.modules["specllama.backend"] = module
-    specllama.backend = module
+    sys.modules["specllama.engine.llama"] = module
+    specllama.engine.llama = module
     return module
 
 
 @pytest.fixture
 def fake(monkeypatch) -> FakeBackend:
     backend = FakeBackend()
-    module = types.ModuleType("specllama.backend")
+    module = types.ModuleType("specllama.engine.llama")
     module.quantize = backend.quantize
-    monkeypatch.setitem(sys.modules, "specllama.backend", module)
-    monkeypatch.setattr(specllama, "backend", module, raising=False)
+    monkeypatch.setitem(sys.modules, "specllama.engine.llama", module)
+    monkeypatch.setattr(specllama.engine, "llama", module, raising=False)
     return backend
 
 
@@ -430,7 +430,7 @@ def test_read_only_cache_dir(cache, monkeypatch, fake, derive_pair):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(sources.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(derive.tempfile, "mkstemp", read_only)
     with pytest.raises(DraftDerivationError) as info:
         resolve_source(derive_pair.draft, pair=derive_pair)
     assert str(info.value) == (

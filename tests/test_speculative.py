@@ -15,7 +15,7 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.backend import Model
+from specllama.engine.llama import Model
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -37,14 +37,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
 def dec_same(tiny_target, tiny_draft_same):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 
@@ -162,7 +162,8 @@ def test_never_more_than_max_tokens(dec, k):
 def test_same_seed_same_output(dec):
     kw = dict(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=42), draft_max=3)
     assert dec.generate("Hello world", **kw).tokens == dec.generate("Hello world", **kw).tokens
-    other = dec.generate("Hello world", max_tokens=30, sampling=SamplingParams(1.0, seed=43))
+    other = dec.generate("Hello world", max_tokens=30, sampling=SamplingParams(1.0, seed=43),
+                         draft_max=4)
     assert other.tokens != dec.generate("Hello world", **kw).tokens
 
 
@@ -178,7 +179,8 @@ def test_stop_string_cuts_text(dec):
 def test_streamed_text_equals_result_text(dec):
     pieces = []
     result = None
-    for ev in dec.stream("hello, world! 🐱", max_tokens=60, sampling=SamplingParams(seed=5)):
+    for ev in dec.stream("hello, world! 🐱", max_tokens=60, sampling=SamplingParams(seed=5),
+                         draft_max=4):
         if isinstance(ev, (TokensAccepted, TargetToken)):
             pieces.append(ev.text)
         elif isinstance(ev, Finished):
@@ -205,7 +207,7 @@ def test_closing_the_stream_early_leaves_consistent_caches(dec):
     stream.close()
     assert dec.target.cached == committed[:-1]
     assert dec.draft.cached == committed[: len(dec.draft.cached)]
-    assert dec.last_result.finish_reason == "interrupted"
+    assert stream.result.finish_reason == "interrupted"
     # and the decoder still works, identically to a fresh one
     a = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=3)
     b = dec.generate("Hello world", max_tokens=20, sampling=GREEDY, draft_max=0)
@@ -226,7 +228,7 @@ def test_keep_cache_reuses_the_common_prefix(dec):
 
 
 def test_context_full_stops_generation(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=32, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=32, n_threads=1, p_min=0.0)
     res = d.generate("Hello world", max_tokens=500, sampling=GREEDY, draft_max=4)
     assert res.finish_reason in ("context", "eos")
     # llama.cpp rounds small contexts up; the decoder reports what it really got
@@ -256,7 +258,7 @@ def test_incompatible_pair_names_both_files_and_the_difference(tiny_target, tiny
 
 
 def test_target_alone_without_draft_model(tiny_target):
-    d = SpeculativeDecoder.load(tiny_target, None, n_ctx=256)
+    d = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, p_min=0.0)
     res = d.generate("Hello world", max_tokens=10, sampling=GREEDY, draft_max=4)
     assert res.stats.drafted == 0 and res.stats.target_steps == len(res.tokens)
     d.close()

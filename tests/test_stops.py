@@ -19,7 +19,7 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
     yield d
     d.close()
 

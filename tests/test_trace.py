@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.trace import TraceRecorder
+from specllama.cli.trace import TraceRecorder
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -55,8 +55,8 @@ def replayed_tokens(rounds):
 def test_rounds_reproduce_the_stats(decoder, temperature):
     recorder = TraceRecorder(decoder.target.piece)
     params = SamplingParams(temperature=temperature, seed=5)
-    for event in decoder.stream("the cat sat on the", max_tokens=48, sampling=params,
-                                draft_max=4):
+    stream = decoder.stream("the cat sat on the", max_tokens=48, sampling=params, draft_max=4)
+    for event in stream:
         recorder.feed(event)
     (gen,) = recorder.generations
     stats, rounds = gen.stats, gen.rounds
@@ -64,7 +64,8 @@ def test_rounds_reproduce_the_stats(decoder, temperature):
     assert sum(r["accepted"] for r in rounds) == stats.accepted
     assert sum(len(r["drafted"]) for r in rounds) == stats.drafted
     assert sum(r["emitted"] for r in rounds) == stats.tokens
-    assert replayed_tokens(rounds) == decoder.last_result.tokens
+    assert stream.result is not None
+    assert replayed_tokens(rounds) == stream.result.tokens
     assert any(r["accepted"] < len(r["drafted"]) for r in rounds), "no rejection to look at"
     for r in rounds:
         k, m = len(r["drafted"]), r["accepted"]
@@ -221,8 +222,8 @@ def test_trace_page_in_headless_chromium(tiny, chromium, tmp_path):
 
 
 def test_chat_saves_the_trace_page(decoder, chromium, tmp_path):
-    from specllama.chat import ChatSession
-    from specllama.options import RunSettings
+    from specllama.cli.chat import ChatSession
+    from specllama.cli.options import RunSettings
 
     settings = RunSettings(sampling=SamplingParams(temperature=0.0), max_tokens=12,
                            draft_max=3, draft_mode="model", n_ctx=256, threads=1,

@@ -2,8 +2,8 @@
 
 import io
 
-from specllama.events import TargetToken, TextFlushed, TokensAccepted
-from specllama.ui import TokenPrinter
+from specllama.cli.ui import TokenPrinter
+from specllama.engine.events import TargetToken, TextFlushed, TokensAccepted
 
 
 def test_token_printer_colours_accepted_and_target_tokens():

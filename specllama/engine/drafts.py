@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
-from .backend import Model
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
+from .llama import Model
 from .sampling import SamplingParams, probabilities, sample, sample_from_logits
-
-if TYPE_CHECKING:
-    from .speculative import SpeculativeDecoder
+from .settings import DRAFT_MODES
 
 DraftMode = Literal["model", "lookup", "hybrid"]
 
@@ -93,9 +91,9 @@ class ModelDraft:
                 draft.tokens.append(token)
                 draft.qs.append(None if params.greedy else q)
             else:
-                token, q = sample_from_logits(logits, params, rng)
+                token, q_drawn = sample_from_logits(logits, params, rng)
                 draft.tokens.append(token)
-                draft.qs.append(q)
+                draft.qs.append(q_drawn)
             if i + 1 < k:
                 m.decode([token], "last")
         return draft
@@ -107,36 +105,9 @@ class ModelDraft:
             self._drafted = False
 
 
-DRAFT_MODES: tuple[str, ...] = ("model", "lookup", "hybrid")
-
-
 def check_draft_mode(mode: object) -> None:
     """Raise InvalidParameterError unless `mode` is one of DRAFT_MODES."""
     if mode not in DRAFT_MODES:
         raise InvalidParameterError(
             f"draft mode must be one of {', '.join(DRAFT_MODES)}; got {mode!r}"
         )
-
-
-def make_strategy(mode: DraftMode, decoder: SpeculativeDecoder) -> DraftStrategy | None:
-    """The draft strategy for a mode; None means the target decodes alone.
-
-    - "model": the draft model (none loaded: the target alone);
-    - "lookup": prompt lookup over prompt + generated text, no draft model used;
-    - "hybrid": lookup when the context has a match, the draft model otherwise
-      (without a draft model it is the same as "lookup").
-
-    A decoder may carry `lookup_n_min` / `lookup_n_max` (n-gram lengths searched).
-    """
-    check_draft_mode(mode)
-    model = ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
-    if mode == "model":
-        return model
-    from .lookup import NGRAM_MAX, NGRAM_MIN, HybridDraft, LookupDraft
-
-    lookup = LookupDraft(
-        getattr(decoder, "lookup_n_min", NGRAM_MIN), getattr(decoder, "lookup_n_max", NGRAM_MAX)
-    )
-    if mode == "lookup" or model is None:
-        return lookup
-    return HybridDraft(lookup, model)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 # Candidates examined before falling back to a full sort for top-p; nucleus
 # sets on real vocabularies are almost always far smaller.

@@ -1,50 +1,81 @@
 """The round loop: draft, verify in one batch, accept exactly, cut the caches back.
 
-Read `SpeculativeDecoder.stream` top to bottom; DESIGN.md section 2 describes
-one round. Invariant between rounds: both KV caches hold exactly
+Read `SpeculativeDecoder._run` top to bottom; docs/architecture.md ("One round")
+describes it. Invariant between rounds: both KV caches hold exactly
 `committed[:-1]` (the draft's may lag behind; it catches up when it drafts next).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from .backend import Model
+from ..errors import ContextOverflowError, InvalidParameterError
 from .compat import check_compatible, check_rewindable
-from .drafting import Draft, DraftMode, check_draft_mode, make_strategy
-from .errors import ContextOverflowError, InvalidParameterError
+from .drafts import Draft, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
 from .events import (
     DraftProposed,
     Event,
     Finished,
+    FinishReason,
+    GenerationResult,
     PromptEvaluated,
     RoundVerified,
+    TargetKind,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
-from .policy import DraftMax, RoundOutcome, make_policy
+from .lengths import DraftLengthPolicy, DraftMax, RoundOutcome, make_policy
+from .llama import Model
+from .lookup import HybridDraft, LookupDraft
 from .sampling import SamplingParams, probabilities, sample_logits, verify, verify_greedy
+from .settings import default, validate_setting
 from .stats import Stats
 from .textstream import TextStream
 
-# "error": an exception ended the generation (the caches are still consistent).
-FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error"]
+# The API's defaults are the settings table's, the same as the command line's.
+DEFAULT_MAX_TOKENS: int = default("max_tokens")
+DEFAULT_DRAFT_MAX: DraftMax = default("draft_max")
+DEFAULT_P_MIN: float = default("p_min")
 
 
-@dataclass(frozen=True)
-class GenerationResult:
-    tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
-    text: str
-    finish_reason: FinishReason
-    stats: Stats
-    prompt_tokens: int
+class GenerationStream(Iterator[Event]):
+    """The events of one generation. `result` is set once it has ended, however
+    it ended: finished, closed early, or stopped by an error or Ctrl-C (None only
+    when it was closed before it began)."""
+
+    def __init__(self) -> None:
+        self.result: GenerationResult | None = None
+        self._events: Generator[Event, None, None] | None = None
+
+    def __next__(self) -> Event:
+        assert self._events is not None
+        return next(self._events)
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+
+
+def make_strategy(mode: DraftMode, decoder: SpeculativeDecoder) -> DraftStrategy | None:
+    """The draft strategy for a mode; None means the target decodes alone.
+
+    - "model": the draft model (none loaded: the target alone);
+    - "lookup": prompt lookup over prompt + generated text, no draft model used;
+    - "hybrid": lookup when the context has a match, the draft model otherwise
+      (without a draft model it is the same as "lookup").
+    """
+    check_draft_mode(mode)
+    model = ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
+    if mode == "model":
+        return model
+    if mode == "lookup" or model is None:
+        return LookupDraft()
+    return HybridDraft(LookupDraft(), model)
 
 
 class SpeculativeDecoder:
@@ -55,7 +86,7 @@ class SpeculativeDecoder:
         target: Model,
         draft: Model | None = None,
         *,
-        p_min: float = 0.0,
+        p_min: float = DEFAULT_P_MIN,
         draft_mode: DraftMode = "model",
     ) -> None:
         check_draft_mode(draft_mode)
@@ -65,11 +96,12 @@ class SpeculativeDecoder:
             check_rewindable(target, "target")
         self.target = target
         self.draft = draft
-        self.p_min = p_min
+        self.p_min: float = validate_setting("p_min", p_min)
         # What stream()/generate() use when not told: "lookup" for a decoder
         # loaded with draft="lookup" (no draft model), else "model".
         self.default_draft_mode: DraftMode = draft_mode
-        self.last_result: GenerationResult | None = None
+        # What draft-length policies keep across calls (auto: the measured costs).
+        self.policy_state: dict[str, object] = {}
 
     @classmethod
     def load(
@@ -77,9 +109,9 @@ class SpeculativeDecoder:
         target: str | Path,
         draft: str | Path | None = None,
         *,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-        p_min: float = 0.0,
+        n_ctx: int = default("n_ctx"),
+        n_threads: int | None = default("threads"),
+        p_min: float = DEFAULT_P_MIN,
         draft_mode: DraftMode | None = None,
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
@@ -123,36 +155,49 @@ class SpeculativeDecoder:
         if self.draft is not None:
             self.draft.clear()
 
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
-        result = None
-        for event in self.stream(prompt, **kwargs):
-            if isinstance(event, Finished):
-                result = event.result
-        assert result is not None
-        return result
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        sampling: SamplingParams | None = None,
+        draft_max: DraftMax = DEFAULT_DRAFT_MAX,
+        stop: Sequence[str] = (),
+        keep_cache: bool = False,
+        draft_mode: DraftMode | None = None,
+    ) -> GenerationResult:
+        """Generate to the end; the arguments are those of `stream`."""
+        stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
+                             draft_max=draft_max, stop=stop, keep_cache=keep_cache,
+                             draft_mode=draft_mode)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
 
     def stream(
         self,
         prompt: str | Sequence[int],
         *,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         sampling: SamplingParams | None = None,
-        draft_max: DraftMax = 4,
+        draft_max: DraftMax = DEFAULT_DRAFT_MAX,
         stop: Sequence[str] = (),
         keep_cache: bool = False,
         draft_mode: DraftMode | None = None,
-    ) -> Iterator[Event]:
-        """Generate, yielding events as tokens are decided.
+    ) -> GenerationStream:
+        """Generate, yielding events as tokens are decided; the result is
+        `stream.result` once it ends (also after close() or an interrupt).
 
+        sampling: SamplingParams() when None. draft_max: a draft length (0 = the
+        target alone), "auto" (cost-aware), "heuristic", or a policy object.
         keep_cache=True reuses whatever prefix of `prompt` the caches already
         hold (the chat REPL); otherwise every call starts clean. draft_mode:
-        "model", "lookup" or "hybrid" (see drafting.make_strategy); None means
-        `self.default_draft_mode`.
+        "model", "lookup" or "hybrid" (see make_strategy); None means
+        `self.default_draft_mode`. Bad arguments raise here, before generating.
         """
         params = sampling or SamplingParams()
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
-            raise InvalidParameterError(f"max_tokens must be an integer > 0, got {max_tokens!r}")
-        policy = make_policy(draft_max, self)
+        validate_setting("max_tokens", max_tokens)
         mode = draft_mode or self.default_draft_mode
         strategy = make_strategy(mode, self)
         if strategy is not None and draft_max != 0:
@@ -165,6 +210,24 @@ class SpeculativeDecoder:
                 f"the prompt is {len(committed)} tokens but the context window holds "
                 f"{self.n_ctx}; raise n_ctx or shorten the prompt"
             )
+        policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
+        stream = GenerationStream()
+        stream._events = self._run(stream, committed, max_tokens, params, policy, mode,
+                                   strategy, stop, keep_cache)
+        return stream
+
+    def _run(
+        self,
+        out: GenerationStream,
+        committed: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        policy: DraftLengthPolicy,
+        mode: DraftMode,
+        strategy: DraftStrategy | None,
+        stop: Sequence[str],
+        keep_cache: bool,
+    ) -> Generator[Event, None, None]:
         n_prompt = len(committed)
         rng = np.random.default_rng(params.seed)
         stats = Stats(prompt_tokens=n_prompt)
@@ -206,10 +269,12 @@ class SpeculativeDecoder:
                 limit = min(remaining - 1, room)
                 draft_s0_round, target_s0_round = self._draft_s(), target.decode_s
                 t_round = time.perf_counter()
+
+                def choose_k(source: str, lim: int = limit) -> int:
+                    return min(policy.choose(source), lim)
+
                 draft = (
-                    strategy.propose(
-                        committed, lambda src, lim=limit: min(policy.choose(src), lim), params, rng
-                    )
+                    strategy.propose(committed, choose_k, params, rng)
                     if strategy is not None and limit > 0
                     else Draft()
                 )
@@ -280,7 +345,9 @@ class SpeculativeDecoder:
                     yield TokensAccepted(tuple(emitted[:n_accepted_kept]), released)
                 elif released:  # text held back in earlier rounds, released by the stop
                     yield TextFlushed(released)
-                kind = "plain" if not draft.tokens else ("bonus" if m == k else "correction")
+                kind: TargetKind = (
+                    "plain" if not draft.tokens else ("bonus" if m == k else "correction")
+                )
                 if len(emitted) > n_drafted_emitted:
                     yield TargetToken(x, released_x, kind)
                 elif released_x:
@@ -306,15 +373,14 @@ class SpeculativeDecoder:
             stats.draft_s = self._draft_s() - draft_s0
             stats.policy_note = policy.describe()
             stats.tokens = len(generated)
-            self.last_result = GenerationResult(
+            out.result = GenerationResult(
                 generated, text.text, finish or "interrupted", stats, n_prompt
             )
         tail = text.flush()
         if tail:
             yield TextFlushed(tail)
-        result = GenerationResult(generated, text.text, finish, stats, n_prompt)
-        self.last_result = result
-        yield Finished(result)
+        out.result = GenerationResult(generated, text.text, finish, stats, n_prompt)
+        yield Finished(out.result)
 
 
 def tokens_covering(model: Model, tokens: list[int], n_chars: int) -> int:
@@ -339,7 +405,8 @@ class _Seen:
 
     def probs(self, i: int, p: np.ndarray) -> np.ndarray:
         if i < len(self.drafts):
-            self.p[i] = float(p[self.drafts[i]])
+            d = self.drafts[i]  # an id only the draft has: p = 0 (engine/sampling.py)
+            self.p[i] = float(p[d]) if d < p.shape[0] else 0.0
         return p
 
     def argmax(self, i: int, logits: np.ndarray) -> int:

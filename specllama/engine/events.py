@@ -6,10 +6,21 @@ Renderers (CLI, REPL, bench) consume these; the engine never prints.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from .speculative import GenerationResult
+from .stats import Stats
+
+# "error": an exception ended the generation (the caches are still consistent).
+FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error"]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
+    text: str
+    finish_reason: FinishReason
+    stats: Stats
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,9 @@ class TokensAccepted:
     text: str
 
 
+TargetKind = Literal["correction", "bonus", "plain"]
+
+
 @dataclass(frozen=True)
 class TargetToken:
     """A token the target chose itself (yellow): a correction after a rejection,
@@ -44,7 +58,7 @@ class TargetToken:
 
     token: int
     text: str
-    kind: Literal["correction", "bonus", "plain"]
+    kind: TargetKind
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
-from .stats import Stats
+from ..engine.events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
+from ..engine.stats import Stats
 
 ACCEPTED = "green"
 TARGET = "yellow"
-PENDING = "blue"
 
 
 def stderr_console() -> Console:

@@ -10,17 +10,19 @@ changes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from .errors import ContextOverflowError, DraftDerivationError, KVCacheError, ModelLoadError
-from .sources import check_gguf_file
+from ..errors import ContextOverflowError, DraftDerivationError, KVCacheError, ModelLoadError
+from .gguf import check_gguf_file
 
 try:
     import llama_cpp as lc
@@ -31,20 +33,24 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 
-def _logits_address_fn():
+LogitsAddress = Callable[[int | None, int], int | None]
+
+
+@functools.cache
+def _logits_address() -> LogitsAddress | None:
     """llama_get_logits_ith returning a plain address. The row is read right after
     a decode has flushed the CPU caches, where llama-cpp-python's POINTER(c_float)
-    result plus numpy.ctypeslib costs ~100 us a token; this is a few."""
+    result plus numpy.ctypeslib costs ~100 us a token; this is a few. Indexing the
+    library gives a new function object (not the one llama-cpp-python uses), so
+    retyping it changes nothing for anyone else."""
     try:
-        fn = lc.llama_cpp._lib["llama_get_logits_ith"]  # a fresh handle: ours to retype
+        fn = lc.llama_cpp._lib["llama_get_logits_ith"]
     except (AttributeError, KeyError, TypeError, OSError):  # pragma: no cover
         return None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     fn.restype = ctypes.c_void_p
     return fn
 
-
-_logits_address = _logits_address_fn()
 
 # llama.cpp's log goes into this ring instead of the terminal; the last lines
 # explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
@@ -59,8 +65,15 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         sys.stderr.write(line)
 
 
-lc.llama_log_set(_on_log, ctypes.c_void_p(0))
-lc.llama_backend_init()
+@functools.cache
+def _init_llama() -> None:
+    """Route llama.cpp's log to our ring and start its backend: once, when the
+    first model is loaded or quantized (not merely because this module was imported)."""
+    lc.llama_log_set(_on_log, ctypes.c_void_p(0))
+    lc.llama_backend_init()
+
+
+LLAMA_CPP_VERSION = str(getattr(lc, "__version__", "?"))
 
 QUANT_TYPES: dict[str, int] = {
     "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
@@ -94,10 +107,12 @@ class Model:
         n_threads: int | None = None,
         n_batch: int = 512,
     ) -> None:
+        _init_llama()
         self.path = Path(path)
-        self._model = None
-        self._ctx = None
-        self._batch = None
+        # llama.cpp handles (ctypes objects); None once freed
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
         check_gguf_file(self.path, what="model")
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
 
@@ -109,7 +124,6 @@ class Model:
                 "the file may be truncated or of an unsupported architecture"
             )
         self._model = model
-        self.n_ctx_train = int(lc.llama_model_n_ctx_train(model))
 
         self.n_batch = max(1, min(n_batch, n_ctx))
         cparams = lc.llama_context_default_params()
@@ -137,6 +151,7 @@ class Model:
         self.memory_kind = _memory_kind(model)
         self._row_type = ctypes.c_float * self.n_vocab
         self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
+        self._fast_logits = _logits_address()
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
 
         self.cached: list[int] = []  # token ids held by the KV cache, position = index
@@ -210,7 +225,17 @@ class Model:
             bos_token=piece(self.bos) if self.bos >= 0 else "",
             add_generation_prompt=True,
         )
-        return formatter(messages=messages).prompt
+        chat: Any = messages  # the role/content dicts the formatter's TypedDicts describe
+        return formatter(messages=chat).prompt
+
+    def prompt(self, text: str, *, chat: bool = True, system: str | None = None) -> list[int]:
+        """`text` as this model should see it: the user's message in its chat template
+        when `chat` and it has one, else raw (BOS if the model wants one)."""
+        if chat and self.chat_template() is not None:
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": text})
+            return self.tokenize_chat(self.format_chat(messages))
+        return self.tokenize(text, add_bos=self.adds_bos, special=True)
 
     def tokenize_chat(self, rendered: str) -> list[int]:
         """Tokenize a rendered chat prompt: special tokens parsed, BOS added only if the
@@ -266,7 +291,6 @@ class Model:
                 self.decode(tokens[i : i + self.n_batch], "none")
             self.decode(tokens[cut:], logits)
             return
-        self._rows = len(tokens)
         batch = self._batch
         batch.n_tokens = len(tokens)
         want_all = logits == "all"
@@ -297,11 +321,12 @@ class Model:
 
     def logits_row(self, i: int) -> np.ndarray:
         """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
-        if _logits_address is not None:
-            address = _logits_address(self._ctx_address, i)
+        if self._fast_logits is not None:
+            address = self._fast_logits(self._ctx_address, i)
             if not address:
                 raise IndexError(f"no logits for row {i} of the last decode")
-            return np.frombuffer(self._row_type.from_address(address), dtype=np.float32)
+            row: Any = self._row_type.from_address(address)  # a ctypes array: a buffer
+            return np.frombuffer(row, dtype=np.float32)
         ptr = lc.llama_get_logits_ith(self._ctx, i)  # pragma: no cover - no private handle
         if not ptr:
             raise IndexError(f"no logits for row {i} of the last decode")
@@ -378,6 +403,7 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
         raise DraftDerivationError(
             f"unknown quantization {ftype!r}; choose one of {', '.join(QUANT_TYPES)}"
         )
+    _init_llama()
     params = lc.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[ftype]
     params.nthread = n_threads or 0

@@ -21,8 +21,8 @@ from rich.cells import get_character_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from .events import DraftProposed, Event, RoundVerified, TargetToken, TextFlushed, TokensAccepted
-from .textstream import TokenTexts
+from ..engine.events import DraftProposed, Event, RoundVerified, TargetToken, TextFlushed, TokensAccepted
+from ..engine.textstream import TokenTexts
 from .ui import ACCEPTED, PENDING, TARGET
 
 REJECTED = "dim red strike"

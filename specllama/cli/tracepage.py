@@ -60,7 +60,7 @@ def render_page(recorder: TraceRecorder, *, title: str = "specllama trace",
                f"time: target {stats.target_s:.2f} s, draft {stats.draft_s:.2f} s, "
                f"total {stats.generate_s:.2f} s")
     template = jinja2.Environment(autoescape=True).from_string(
-        resources.files("specllama").joinpath("templates/trace.html").read_text("utf-8")
+        resources.files("specllama.cli").joinpath("templates/trace.html").read_text("utf-8")
     )
     return template.render(
         title=title,

@@ -1,7 +1,8 @@
 """Options shared by `generate`, `chat` and `bench`, and loading a decoder from them.
 
-Precedence for every setting: command-line flag, then the pair's defaults in
-models.toml, then the built-in default below.
+The flags come from the settings table (engine/settings.py). Precedence for every
+setting: command-line flag, then the pair's defaults in models.toml, then the
+table's default.
 """
 
 from __future__ import annotations
@@ -10,29 +11,22 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
-from .config import Pair, find_and_load_config, validate_setting
-from .errors import InvalidParameterError
-from .policy import DEFAULT_P_MIN
-from .sampling import SamplingParams
+from ..engine.decoder import SpeculativeDecoder
+from ..engine.drafts import DraftMode
+from ..engine.sampling import SamplingParams
+from ..engine.settings import DRAFT_MAX_WORDS, LIVE_SETTINGS, SETTINGS, default, validate_setting
+from ..errors import InvalidParameterError
+from ..models.config import Pair, find_and_load_config
+from ..models.sources import check_gguf_file, resolve_pair
+from ..policy import AutoState
+from .ui import spinner
 
-BUILTIN_DEFAULTS: dict[str, Any] = {
-    "n_ctx": 2048,
-    "threads": None,  # all cores
-    "draft_max": "auto",
-    "temperature": 0.8,
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "max_tokens": 256,
-    "seed": None,
-    "p_min": DEFAULT_P_MIN,
-}
-DRAFT_MODES = ("model", "lookup", "hybrid")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DraftMaxType(click.ParamType):
@@ -40,8 +34,8 @@ class DraftMaxType(click.ParamType):
 
     name = "N|auto"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
-        if isinstance(value, int) or value in ("auto", "heuristic"):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) or value in DRAFT_MAX_WORDS:
             return value
         try:
             return int(value)
@@ -49,21 +43,47 @@ class DraftMaxType(click.ParamType):
             self.fail(f"expected an integer, 'auto' or 'heuristic', got {value!r}", param, ctx)
 
 
-def model_options(f: Callable) -> Callable:
-    """--pair/--config or --target/--draft, plus context size and threads."""
-    decorators = [
+def setting_option(name: str) -> Callable[[F], F]:
+    """The flag of one setting, from the settings table. It has no click default:
+    an absent flag leaves the pair's default (or the table's) in force."""
+    s = SETTINGS[name]
+    kind: Any = s.type
+    if name == "draft_max":
+        kind = DraftMaxType()
+    elif s.type is str:
+        kind = click.Choice(s.words)
+    shown = "" if s.default is None else f" [default {s.default}]"
+    return click.option(s.flag, name, type=kind, help=s.help + shown)
+
+
+def settings_markdown() -> str:
+    """The settings table as the README shows it (a test keeps the two in step)."""
+    rows = ["| flag | models.toml / `/set` | default | meaning |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        where = ", ".join(w for w, ok in (("[defaults]", s.in_file), ("/set", not s.at_load))
+                          if ok) or "-"
+        shown = "-" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.flag}` | {where} | {shown} | {s.help} |")
+    return "\n".join(rows)
+
+
+def _apply(f: F, decorators: list[Callable[[F], F]]) -> F:
+    for decorator in reversed(decorators):
+        f = decorator(f)
+    return f
+
+
+def model_options(f: F) -> F:
+    """--pair/--config or --target/--draft, plus the settings fixed at load."""
+    return _apply(f, [
         click.option("--pair", "pair_name", metavar="NAME", help="Model pair from models.toml."),
         click.option("--config", "config_path", metavar="FILE", help="models.toml to use."),
         click.option("--target", metavar="GGUF", help="Target model file (instead of --pair)."),
         click.option(
             "--draft", metavar="GGUF|lookup", help="Draft model file, or 'lookup' for none."
         ),
-        click.option("--n-ctx", type=int, help="Context window in tokens."),
-        click.option("--threads", type=int, help="CPU threads (default: all cores)."),
-    ]
-    for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
+        *(setting_option(n) for n, s in SETTINGS.items() if s.at_load),
+    ])
 
 
 RECALIBRATE_OPTION = click.option(
@@ -74,41 +94,15 @@ RECALIBRATE_OPTION = click.option(
 )
 
 
-def sampling_options(f: Callable) -> Callable:
-    """Sampling and speculation settings."""
-    decorators = [
-        click.option("--temperature", type=float, help="0 = greedy. [default 0.8]"),
-        click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
-        click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1]."),
-        click.option("--min-p", type=float, help="Drop tokens below min_p × the top probability."),
-        click.option("--seed", type=int, help="Random seed (same seed, same output)."),
-        click.option("--max-tokens", type=int, help="Tokens to generate at most. [default 256]"),
-        click.option(
-            "--draft-max",
-            type=DraftMaxType(),
-            help="Draft length: N (0 = target alone), 'auto' (cost-aware) or 'heuristic'.",
-        ),
-        click.option(
-            "--draft-mode",
-            type=click.Choice(DRAFT_MODES),
-            help="Who drafts: the draft model, prompt lookup, or both.",
-        ),
-        click.option(
-            "--p-min",
-            type=float,
-            help=f"Stop a draft when the draft model's top token has less probability "
-            f"(0 = never; exact either way). [default {DEFAULT_P_MIN}]",
-        ),
-        RECALIBRATE_OPTION,
-    ]
-    for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
+def sampling_options(f: F) -> F:
+    """Every setting that can change while the models stay loaded."""
+    return _apply(f, [*(setting_option(n) for n in LIVE_SETTINGS), RECALIBRATE_OPTION])
 
 
-def view_options(f: Callable) -> Callable:
-    """How replies are shown: the live drafts view of the seed demo."""
-    decorators = [
+def view_options(f: F) -> F:
+    """How replies are shown: the live drafts view of the seed demo. Display only, so
+    not in the settings table (the engine never renders)."""
+    return _apply(f, [
         click.option(
             "--show-drafts",
             is_flag=True,
@@ -123,10 +117,7 @@ def view_options(f: Callable) -> Callable:
             help="Pause MS milliseconds after the drafts appear and after each verdict, to "
             "follow it by eye (implies --show-drafts; timings then include the pauses).",
         ),
-    ]
-    for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
+    ])
 
 
 @dataclass
@@ -136,10 +127,10 @@ class RunSettings:
     sampling: SamplingParams
     max_tokens: int
     draft_max: int | str
-    draft_mode: str
+    draft_mode: DraftMode
     n_ctx: int
     threads: int | None
-    p_min: float = DEFAULT_P_MIN
+    p_min: float = default("p_min")
     pair: str | None = None
     target: str = ""
     draft: str = ""
@@ -166,29 +157,15 @@ class RunSettings:
         }
 
 
-SETTING_FLAGS = {
-    "n_ctx": "--n-ctx",
-    "threads": "--threads",
-    "draft_max": "--draft-max",
-    "temperature": "--temperature",
-    "top_k": "--top-k",
-    "top_p": "--top-p",
-    "min_p": "--min-p",
-    "seed": "--seed",
-    "max_tokens": "--max-tokens",
-    "p_min": "--p-min",
-}
-
-
 def resolve_settings(opts: dict[str, Any], pair: Pair | None) -> dict[str, Any]:
-    """Flag > pair default > built-in default, each flag validated with the file's rules."""
-    merged = dict(BUILTIN_DEFAULTS)
+    """Flag > pair default > the table's default, each flag validated by the table."""
+    merged = {name: s.default for name, s in SETTINGS.items()}
     if pair is not None:
         merged.update(pair.defaults.as_dict())
-    for name, flag in SETTING_FLAGS.items():
+    for name, s in SETTINGS.items():
         value = opts.get(name)
         if value is not None:
-            merged[name] = validate_setting(name, value, label=flag)
+            merged[name] = validate_setting(name, value, label=s.flag)
     return merged
 
 
@@ -202,8 +179,6 @@ class ModelChoice:
 
 def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> ModelChoice:
     """The files to load, from --target/--draft or a pair in models.toml."""
-    from .sources import check_gguf_file, resolve_pair
-
     if opts.get("target"):
         if opts.get("pair_name"):
             raise InvalidParameterError("give either --pair or --target/--draft, not both")
@@ -215,8 +190,8 @@ def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> Mode
             )
         if draft_opt == "lookup":
             return ModelChoice(target, None, None, "lookup")
-        draft = check_gguf_file(Path(draft_opt).expanduser(), what="draft model")
-        return ModelChoice(target, draft, None, str(draft))
+        draft_file = check_gguf_file(Path(draft_opt).expanduser(), what="draft model")
+        return ModelChoice(target, draft_file, None, str(draft_file))
     if opts.get("draft"):
         raise InvalidParameterError("--draft needs --target (or choose a pair with --pair)")
     config = find_and_load_config(opts.get("config_path"))
@@ -225,12 +200,10 @@ def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> Mode
     return ModelChoice(target, draft, pair, str(draft) if draft else "lookup")
 
 
-def open_decoder(opts: dict[str, Any], console: Console):
-    """Resolve models and settings, load both models with a spinner; returns
-    (decoder, RunSettings)."""
-    from .speculative import SpeculativeDecoder
-    from .ui import spinner
-
+def open_decoder(
+    opts: dict[str, Any], console: Console
+) -> tuple[SpeculativeDecoder, RunSettings]:
+    """Resolve models and settings, load both models with a spinner."""
     def progress(message: str) -> None:
         console.print(f"[dim]{message}[/dim]")
 
@@ -243,7 +216,7 @@ def open_decoder(opts: dict[str, Any], console: Console):
         min_p=float(merged["min_p"]),
         seed=merged["seed"],
     )
-    draft_mode = opts.get("draft_mode") or ("lookup" if choice.draft is None else "model")
+    draft_mode: DraftMode = merged["draft_mode"] or ("lookup" if choice.draft is None else "model")
     if draft_mode == "model" and choice.draft is None:
         raise InvalidParameterError(
             "--draft-mode model needs a draft model, but this pair drafts by lookup"
@@ -259,8 +232,6 @@ def open_decoder(opts: dict[str, Any], console: Console):
         )
         if merged["draft_max"] == "auto" or opts.get("recalibrate"):
             # Here rather than at the first round, so the time shows as loading.
-            from .policy import AutoState
-
             say("measuring decode costs (cached for next time)")
             AutoState.for_decoder(decoder, refresh=bool(opts.get("recalibrate")))
     settings = RunSettings(
@@ -278,12 +249,12 @@ def open_decoder(opts: dict[str, Any], console: Console):
     return decoder, settings
 
 
-def pass_options(f: Callable) -> Callable:
+def pass_options(f: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
     """Collect a command's keyword options into one dict argument `opts`."""
 
     @functools.wraps(f)
-    def wrapper(**kwargs: Any):
-        return f(kwargs)
+    def wrapper(**kwargs: Any) -> None:
+        f(kwargs)
 
     return wrapper
 

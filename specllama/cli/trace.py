@@ -11,15 +11,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from .errors import InvalidParameterError
-from .events import Event, Finished, RoundVerified
-from .stats import Stats
-from .textstream import TokenTexts
-
-if TYPE_CHECKING:
-    from .speculative import GenerationResult
+from ..errors import InvalidParameterError
+from ..engine.events import Event, Finished, GenerationResult, RoundVerified
+from ..engine.stats import Stats
+from ..engine.textstream import TokenTexts
 
 TRACE_FORMAT = "specllama-trace/1"
 ChipKind = Literal["accepted", "rejected", "target"]

@@ -1,14 +1,14 @@
-"""What a decode costs on this machine: measured once, cached, refined online.
+"""What a decode costs on this machine: measured once, cached.
 
-The cost-aware draft-length policy (policy.py, DESIGN.md section 5) needs T(n),
+The cost-aware draft-length policy (`auto`, docs/architecture.md) needs T(n),
 the wall time of ONE llama_decode of n tokens with the logits of every row, for
 the target (n = 1..16: verifying k drafts is a decode of k+1 tokens) and T(1)
 for the draft model (one draft step). `calibrate(model)` measures that in well
 under a second for a small model and caches it on disk, keyed by the model
 file (path, size, mtime), the thread count, the machine and the llama.cpp
 version, so a changed file, another `--threads` or another machine measures
-anew. `OnlineCurve` then follows the real decode timings of each round, so a
-machine that gets busier (or a cache that warms up) moves the estimate.
+anew; `--recalibrate` measures again on request. A measurement taken while other
+processes loaded the CPU is used for this run but not cached.
 
 Measuring never disturbs the caller: the timed tokens go after whatever the KV
 cache holds and are cut off again, and the model's counters are restored.
@@ -24,16 +24,14 @@ import os
 import platform
 import statistics
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..engine.llama import LLAMA_CPP_VERSION, Model
+from ..paths import cache_dir
 from .cpumeter import CpuMeter
-
-if TYPE_CHECKING:
-    from .backend import Model
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
 CALIBRATION_VERSION = 2
@@ -45,10 +43,6 @@ DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 
 MIN_PASSES, MAX_PASSES = 3, 9
 NOISY = 0.15  # T(1) samples this scattered (relative MAD): measured on a busy machine
 BUSY = 0.10  # other processes used this share of the CPU while measuring: not kept
-#: Online timings that put T(n)/T(1) this far (log scale, ~1.5x) from the cached
-#: curve, in at least STALE_MIN_SEEN decodes of such sizes, mean the curve is stale.
-STALE_LOG_RATIO = 0.4
-STALE_MIN_SEEN = 4
 WARMUP_TEXT = (
     "The committee reviewed the proposal in detail, asked for two changes to the budget, "
     "and agreed to meet again next week. def add(a, b):\n    return a + b\n"
@@ -116,6 +110,7 @@ class CostCurve:
                 slope = (points[lo] - points[prev]) / (lo - prev) if prev is not None else 0.0
                 out.append(points[lo] + max(0.0, slope) * (n - lo))
             else:
+                assert hi is not None  # points is not empty
                 out.append(points[hi])
         return cls(tuple(out), tuple(ns), noise)
 
@@ -224,12 +219,10 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
 
 
 def cache_root() -> Path:
-    from .sources import cache_dir
-
     return cache_dir() / "calibration"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -240,16 +233,7 @@ def _cpu_model() -> str:
 
 def machine_id() -> str:
     """Host name, CPU model and core count: a new machine measures anew."""
-    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()}|{platform.machine()}"
-
-
-def _llama_version() -> str:
-    try:
-        import llama_cpp
-
-        return str(getattr(llama_cpp, "__version__", "?"))
-    except ImportError:  # pragma: no cover
-        return "?"
+    return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|{platform.machine()}"
 
 
 def cache_key(model_path: str | os.PathLike[str], n_threads: int) -> dict[str, Any]:
@@ -263,7 +247,7 @@ def cache_key(model_path: str | os.PathLike[str], n_threads: int) -> dict[str, A
         "mtime_ns": st.st_mtime_ns,
         "n_threads": int(n_threads),
         "machine": machine_id(),
-        "llama_cpp": _llama_version(),
+        "llama_cpp": LLAMA_CPP_VERSION,
     }
 
 
@@ -345,143 +329,3 @@ def calibrate(
     quiet = curve.noise <= NOISY and (busy is None or busy <= BUSY)
     written = curve.max_n >= max_n and quiet and _write(path, key, curve)
     return Calibration(curve, key, False, spent, path if written else None, busy)
-
-
-def forget(path: str | os.PathLike[str] | None) -> bool:
-    """Delete a cached curve (found stale): the next load measures again."""
-    if not path:
-        return False
-    try:
-        Path(path).unlink()
-        return True
-    except OSError:
-        return False
-
-
-# ----------------------------------------------------------------------------- online
-
-
-class OnlineCurve:
-    """A calibrated curve that follows observed decode times.
-
-    Estimate: T(n) = base(n) · exp(g + r[n]). g, a machine-wide factor (the
-    machine got busier, the cache grew), is a trimmed mean of the last
-    observations' log-ratios, so one stray slow decode moves little; r[n] is a
-    slow per-size correction learnt only from decodes of that size, relative
-    to T(1), learnt fast at first (the calibration counts as one observation)
-    so a curve measured on a busy machine is corrected within a few rounds
-    (r[1] = 0: were it learnt too, r[1] and g would drift apart at
-    random over a long run of plain steps, and with them every ratio). A median
-    would not do for g: with two sizes alternating it jumps between their two
-    clusters and the per-size corrections never learn the difference.
-    """
-
-    WINDOW = 15
-    RATE = 0.1  # per-size correction learning rate
-    CLIP = 1.5  # |log ratio| larger than this (4.5x) is clipped
-
-    def __init__(self, base: CostCurve) -> None:
-        self.base = base
-        self.g = 0.0
-        self.r: dict[int, float] = {}
-        self.seen: dict[int, int] = {}  # observations per size
-        self._recent: deque[float] = deque(maxlen=self.WINDOW)
-        self._pending: list[tuple[int, float]] = []
-        self.observations = 0
-
-    def t(self, n: int) -> float:
-        if n <= 0:
-            return 0.0
-        self._flush()
-        return self.base.t(n) * math.exp(self.g + self.r.get(n, 0.0))
-
-    def ratio(self, n: int) -> float:
-        return self.t(n) / self.t(1)
-
-    def observe(self, n: int, seconds: float) -> None:
-        """Record one decode of n tokens (cheap: the estimate updates when next read)."""
-        if n <= 0 or not (seconds > 0 and math.isfinite(seconds)):
-            return
-        self._pending.append((n, seconds))
-        if len(self._pending) >= 64:
-            self._flush()
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for n, seconds in pending:
-            self._update(n, seconds)
-
-    def _update(self, n: int, seconds: float) -> None:
-        self.observations += 1
-        x = math.log(seconds / self.base.t(n))
-        seen = self.seen[n] = self.seen.get(n, 0) + 1
-        rn = self.r.get(n, 0.0)
-        # r[1] = 0 anchors the level in g; else r[1] and g drift in opposite ways.
-        # The error is judged against the level before this decode: judged after,
-        # a size's first decodes would move g instead of teaching r[n].
-        if n > 1:
-            e = max(-self.CLIP, min(self.CLIP, x - self.g - rn))
-            rn = self.r[n] = rn + max(self.RATE, 1.0 / (seen + 1)) * e
-        self._recent.append(max(-self.CLIP, min(self.CLIP, x - rn)))
-        self.g = trimmed_mean(self._recent)
-
-    def stale(self) -> int | None:
-        """The size n whose observed cost relative to T(1) is furthest from the base
-        curve's, when the sizes that far off were seen often enough to trust: the
-        base was measured under other conditions (None when the base still holds)."""
-        self._flush()
-        off = {n: abs(rn) for n, rn in self.r.items() if abs(rn) >= STALE_LOG_RATIO}
-        if sum(self.seen.get(n, 0) for n in off) < STALE_MIN_SEEN:
-            return None
-        return max(off, key=off.__getitem__)
-
-    def snapshot(self, max_n: int) -> list[float]:
-        """[T(1), ..., T(max_n)] (cheap: one exp per size that has a correction)."""
-        self._flush()
-        eg = math.exp(self.g)
-        seconds = self.base.seconds
-        if max_n <= len(seconds):
-            out = [x * eg for x in seconds[:max_n]]
-        else:
-            out = [self.base.t(n) * eg for n in range(1, max_n + 1)]
-        for n, rn in self.r.items():
-            if n <= max_n:
-                out[n - 1] *= math.exp(rn)
-        return out
-
-
-def trimmed_mean(values: Sequence[float], cut: float = 0.2) -> float:
-    """Mean without the lowest and highest `cut` share: robust to a few outliers."""
-    xs = sorted(values)
-    k = int(len(xs) * cut)
-    xs = xs[k : len(xs) - k] or xs
-    return sum(xs) / len(xs)
-
-
-class RecentMedian:
-    """Median of the last few values, with a fallback until there are enough."""
-
-    def __init__(self, initial: float, window: int = 15, min_count: int = 3) -> None:
-        self.initial = initial
-        self.min_count = min_count
-        self.values: deque[float] = deque(maxlen=window)
-        self._cached: float | None = None
-
-    def add(self, value: float) -> None:
-        if math.isfinite(value):
-            self.values.append(value)
-            self._cached = None
-
-    @property
-    def value(self) -> float:
-        if len(self.values) < self.min_count:
-            return self.initial
-        if self._cached is None:
-            self._cached = statistics.median(self.values)
-        return self._cached
-
-
-def curve_summary(curve: CostCurve | OnlineCurve, ns: Sequence[int] = (2, 4, 5, 8, 16)) -> str:
-    """'T(1) 8.2 ms; 2: 1.8x, 4: 2.6x ...' for messages and the bench."""
-    parts = [f"{n}: {curve.ratio(n):.1f}x" for n in ns]
-    return f"T(1) {curve.t(1) * 1000:.1f} ms; " + ", ".join(parts)

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .drafting import ChooseK, Draft, DraftStrategy
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
+from .drafts import ChooseK, Draft, DraftStrategy
 from .sampling import SamplingParams
 
 #: Default n-gram lengths searched, longest first. Matches of one or two tokens

@@ -1,0 +1,3 @@
+from .app import cli, main
+
+__all__ = ["cli", "main"]

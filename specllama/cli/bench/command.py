@@ -1,0 +1,111 @@
+"""`specllama bench`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from ...errors import InvalidParameterError
+from ...policy.cpumeter import loadavg
+from ..options import RECALIBRATE_OPTION, model_options, open_decoder, setting_option
+from ..ui import stderr_console
+from .prompts import DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
+from .report import describe_environment, render_tables, write_json, write_plot
+from .run import DEFAULT_MAX_FOREIGN, DEFAULT_MAX_TOKENS, DEFAULT_REPS, DEFAULT_SEED, run_bench
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _bench_options(f: F) -> F:
+    decorators: list[Callable[[F], F]] = [
+        model_options,
+        click.option("--prompts", "prompts_path", metavar="FILE",
+                     help="Your prompts: one per line, or JSONL with a 'prompt' field."),
+        click.option("--modes", default=DEFAULT_MODES, show_default=True, metavar="LIST",
+                     help="Comma-separated: target, auto, heuristic, draft lengths (1,2,4...)."),
+        click.option("--reps", type=click.IntRange(1), default=DEFAULT_REPS, show_default=True,
+                     help="Repetitions of each prompt and mode (interleaved)."),
+        click.option("--max-tokens", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
+                     show_default=True, help="Tokens to generate per run."),
+        *(setting_option(name) for name in ("temperature", "top_k", "top_p", "min_p")),
+        click.option("--seed", type=click.IntRange(0), default=DEFAULT_SEED, show_default=True,
+                     help="Seed of the first repetition (then +1 per repetition)."),
+        setting_option("p_min"),
+        RECALIBRATE_OPTION,
+        setting_option("draft_mode"),
+        click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
+        click.option("--warmup/--no-warmup", default=True, show_default=True,
+                     help="Short untimed runs first: one per mode, then one per prompt."),
+        click.option("--max-foreign", type=click.FloatRange(0.0, 1.0),
+                     default=DEFAULT_MAX_FOREIGN, show_default=True,
+                     help="Leave out repetitions where other processes used more than this "
+                          "share of the CPU (1 = keep all)."),
+        click.option("--json", "json_path", metavar="FILE",
+                     help="Write every raw timing and the summary as JSON."),
+        click.option("--plot", "plot_path", metavar="FILE.png",
+                     help="Plot tokens/s per mode and acceptance by position "
+                          "(needs matplotlib: specllama[plot])."),
+    ]
+    for decorator in reversed(decorators):
+        f = decorator(f)
+    return f
+
+
+@click.command("bench")
+@_bench_options
+def bench_command(**opts: Any) -> None:
+    """Benchmark the target alone, fixed draft lengths and auto, side by side.
+
+    Every mode runs on the same prompts with the same seeds, threads and max
+    tokens; repetitions are interleaved and figures are medians. Run it on an
+    otherwise idle machine: llama.cpp slows down a lot when other processes
+    share the cores.
+    """
+    console = stderr_console()
+    modes = parse_modes(opts["modes"])
+    prompts = load_prompts(opts["prompts_path"]) if opts["prompts_path"] else builtin_prompts()
+    if opts["plot_path"]:  # fail before the long run, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise InvalidParameterError(
+                "--plot needs matplotlib: pip install 'specllama[plot]' (or matplotlib)"
+            ) from exc
+    load = loadavg()
+    if load is not None and load > 0.5 * (os.cpu_count() or 1):
+        console.print(f"[yellow]warning:[/yellow] load average {load:.2f} on "
+                      f"{os.cpu_count()} cores: other processes compete for the CPU and the "
+                      "figures will be noisy")
+    decoder, settings = open_decoder(opts, console)
+    try:
+
+        def progress(msg: str) -> None:
+            console.print(f"[dim]{msg}[/dim]")
+
+        report = run_bench(
+            decoder, prompts, modes,
+            reps=opts["reps"], max_tokens=opts["max_tokens"], sampling=settings.sampling,
+            draft_mode=settings.draft_mode, warmup=opts["warmup"], raw=opts["raw"],
+            progress=progress, max_foreign=opts["max_foreign"],
+        )
+    finally:
+        decoder.close()
+    report["command"] = " ".join(["specllama", *sys.argv[1:]]) if sys.argv else "specllama bench"
+    screen = Console(file=sys.stdout, highlight=False)
+    for table in render_tables(report):
+        screen.print(table)
+    screen.print(describe_environment(report), style="dim")
+    note = report["summary"]["overall"].get("auto", {}).get("policy_note")
+    if note:
+        screen.print(f"auto, last run: {note}", style="dim")
+    if opts["json_path"]:
+        write_json(report, opts["json_path"])
+        console.print(f"[dim]wrote {opts['json_path']}[/dim]")
+    if opts["plot_path"]:
+        write_plot(report, opts["plot_path"])
+        console.print(f"[dim]wrote {opts['plot_path']}[/dim]")

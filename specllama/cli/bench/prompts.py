@@ -1,0 +1,124 @@
+"""What `specllama bench` runs: its prompts and its modes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ...engine.settings import DRAFT_MAX_LIMIT
+from ...errors import InvalidParameterError
+
+DEFAULT_MODES = "target,1,2,4,auto"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    prompt: str
+    category: str = "user"
+    chat: bool = True  # wrap in the model's chat template (when it has one)
+
+
+def _record(obj: Any, where: str, index: int) -> BenchPrompt:
+    if isinstance(obj, str):
+        obj = {"prompt": obj}
+    if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+        raise InvalidParameterError(f"{where}: line {index}: expected a JSON object with a "
+                                    "string 'prompt' (or a JSON string)")
+    if not obj["prompt"].strip():
+        raise InvalidParameterError(f"{where}: line {index}: the prompt is empty")
+    chat = obj.get("chat", True)
+    if not isinstance(chat, bool):
+        raise InvalidParameterError(f"{where}: line {index}: 'chat' must be true or false")
+    return BenchPrompt(
+        id=str(obj.get("id") or f"p{index}"),
+        prompt=obj["prompt"],
+        category=str(obj.get("category") or "user"),
+        chat=chat,
+    )
+
+
+def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
+    """JSONL (each line a JSON object with "prompt", optional "id", "category",
+    "chat"; or a JSON string), or plain text with one prompt per line. Blank
+    lines and lines starting with '#' are skipped."""
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise InvalidParameterError(f"{where}: no prompts in it")
+    is_jsonl = all(line.lstrip().startswith(("{", '"')) for _, line in lines)
+    out = []
+    for i, line in lines:
+        if is_jsonl:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidParameterError(f"{where}: line {i}: not valid JSON ({exc.msg})") \
+                    from exc
+            out.append(_record(obj, where, i))
+        else:
+            out.append(BenchPrompt(id=f"p{i}", prompt=line.strip()))
+    ids = [p.id for p in out]
+    dup = next((x for x in ids if ids.count(x) > 1), None)
+    if dup is not None:
+        raise InvalidParameterError(f"{where}: prompt id {dup!r} appears twice")
+    return out
+
+
+def builtin_prompts() -> list[BenchPrompt]:
+    """The shipped set: chat, code, summarizing a given text, rewriting a given text."""
+    text = resources.files("specllama").joinpath("prompts/bench.jsonl").read_text("utf-8")
+    return parse_prompts(text, "built-in bench prompts")
+
+
+def load_prompts(path: str | os.PathLike[str]) -> list[BenchPrompt]:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidParameterError(f"{p}: cannot read the prompts ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidParameterError(f"{p}: not UTF-8 text") from exc
+    return parse_prompts(text, str(p))
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str  # "target", "k=2", "heuristic", "auto"
+    draft_max: int | str
+
+    @property
+    def fixed_k(self) -> int | None:
+        return self.draft_max if isinstance(self.draft_max, int) else None
+
+
+def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
+    """'target,1,2,4,auto' (also 'k=2', 'k2', 'heuristic', '0' = target)."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    modes: list[Mode] = []
+    for raw in items:
+        item = raw.strip().lower()
+        if not item:
+            continue
+        if item in ("target", "0", "k=0", "k0"):
+            mode = Mode("target", 0)
+        elif item in ("auto", "heuristic"):
+            mode = Mode(item, item)
+        else:
+            digits = item.removeprefix("k=").removeprefix("k")
+            if not digits.isdigit() or not 1 <= int(digits) <= DRAFT_MAX_LIMIT:
+                raise InvalidParameterError(
+                    f"bench mode {raw.strip()!r}: expected 'target', 'auto', 'heuristic' or a "
+                    f"draft length 1..{DRAFT_MAX_LIMIT}"
+                )
+            mode = Mode(f"k={int(digits)}", int(digits))
+        if mode not in modes:
+            modes.append(mode)
+    if not modes:
+        raise InvalidParameterError("no bench modes given")
+    return modes

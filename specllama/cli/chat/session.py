@@ -1,0 +1,423 @@
+"""The chat session (no printing; `repl.ChatREPL` renders it).
+
+`ChatSession` holds the conversation, the settings and the decoder. `reply(text)`
+renders the whole conversation with the model's own chat template, turns it into
+tokens and streams the answer with `keep_cache=True`, so both KV caches keep the
+common prefix and a turn evaluates only its new tokens.
+
+Prefix reuse needs the tokens of earlier turns to stay identical from turn to
+turn. Re-tokenizing the rendered text does not guarantee that: a model may
+generate "Hel" + "lo" where the tokenizer would write "Hello". So the session
+keeps the token history itself: the tokens of the previous prompt, then the
+tokens the model really generated, then the tokenized rest of the new
+rendering (the template's end-of-turn marker, the new user message, the
+assistant header). The rest is tokenized on its own only where that cannot
+change the tokenization: when it starts with a special token. Whenever this
+does not hold (the template rendered earlier turns differently, turns were
+dropped, no template), the full rendering is tokenized and the engine still
+reuses the longest common token prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
+from ...engine.events import Event, PromptEvaluated
+from ...engine.settings import LIVE_SETTINGS, SETTINGS
+from ...engine.stats import Stats
+from ...errors import ContextOverflowError, InvalidParameterError
+from ..options import RunSettings
+from ..trace import TraceRecorder
+from .transcript import save_transcript, transcript
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
+_ALIASES = {"temp": "temperature", "t": "temperature", "k": "draft_max", "max": "max_tokens"}
+
+# Used when a model has no usable chat template.
+PLAIN_STOP = ("\nUser:",)
+
+
+@dataclass
+class Message:
+    role: str  # "user" or "assistant"
+    content: str
+    finish_reason: str | None = None  # assistant messages: why the reply ended
+
+
+@dataclass(frozen=True)
+class HistoryTrimmed:
+    """The conversation outgrew the context window: the oldest turns were dropped
+    (the system prompt is kept). Yielded by `ChatSession.reply` before generation."""
+
+    turns: int  # user/assistant pairs dropped
+    tokens_before: int  # prompt length with them
+    tokens_after: int  # prompt length without them
+    n_ctx: int
+
+
+@dataclass
+class TurnInfo:
+    """What one reply cost: counted, not timed (the prefix-reuse tests read these)."""
+
+    prompt_tokens: int  # the whole conversation as the model sees it
+    reused: int  # prompt tokens the target's cache already held
+    prompt_evaluated: dict[str, int]  # tokens decoded to bring each cache up to date
+    evaluated: dict[str, int]  # tokens decoded during the whole reply
+    result: GenerationResult | None = None
+    trimmed: HistoryTrimmed | None = None
+    prompt_text: str = ""  # the rendered conversation
+
+    @property
+    def finish_reason(self) -> str:
+        return self.result.finish_reason if self.result else "interrupted"
+
+
+@dataclass
+class _Anchor:
+    """The previous turn as token history: its prompt (text and tokens), and the
+    reply the model generated (text as stored in the message, and tokens)."""
+
+    prompt_text: str
+    prompt_tokens: list[int]
+    reply_text: str
+    reply_tokens: list[int]
+
+
+def parse_setting(name: str, raw: str) -> tuple[str, Any]:
+    """`/set NAME VALUE` -> (canonical name, validated value); InvalidParameterError
+    with one line of explanation otherwise."""
+    key = _ALIASES.get(name.lower(), name.lower().replace("-", "_"))
+    setting = SETTINGS.get(key)
+    if setting is not None and setting.at_load:
+        raise InvalidParameterError(
+            f"{key} is fixed once the models are loaded; restart with {setting.flag}"
+        )
+    if setting is None:
+        close = difflib.get_close_matches(key, LIVE_SETTINGS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InvalidParameterError(
+            f"unknown setting {name!r}{hint}; settable: {', '.join(LIVE_SETTINGS)}"
+        )
+    if not raw.strip():
+        raise InvalidParameterError(f"/set {key} needs a value")
+    return key, setting.parse(raw)
+
+
+class ChatSession:
+    """A conversation with a loaded decoder. Never prints.
+
+    `reply(text)` yields the engine's events (plus `HistoryTrimmed`) and records
+    the assistant's message when the stream ends, however it ends (finished,
+    closed early, interrupted by Ctrl-C): a partial reply stays in the history.
+    """
+
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        settings: RunSettings,
+        *,
+        system: str | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.settings = settings
+        self.system = system or None
+        self.messages: list[Message] = []  # this conversation, dropped turns included
+        self.first_kept = 0  # messages[first_kept:] are what the model sees
+        self.totals = Stats()  # every reply of the session
+        self.replies = 0
+        self.last_turn: TurnInfo | None = None
+        self.committed: list[int] = []  # tokens of the last prompt + reply (cache check)
+        self._anchor: _Anchor | None = None
+        self.template: str | None = decoder.target.chat_template()
+        self.fold_system = False  # template rejects the system role: prepend to 1st user
+        self.notice: str | None = None  # one line for the user about the template
+        self.trace = TraceRecorder(decoder.target.piece)  # for /save FILE.html
+        self._check_template()
+
+    # ------------------------------------------------------------- templates
+    @property
+    def plain_format(self) -> bool:
+        return self.template is None
+
+    def _check_template(self) -> None:
+        name = self.decoder.target.path.name
+        if self.template is None:
+            self.notice = (
+                f"{name} has no chat template in its metadata; using a plain "
+                "'User: / Assistant:' format"
+            )
+            return
+        probe = [{"role": "user", "content": "Hello"}]
+        try:
+            self.decoder.target.format_chat(probe, self.template)
+        except Exception as exc:  # a template can fail in any jinja2 way
+            self.notice = (
+                f"the chat template of {name} does not render ({one_line(exc)}); "
+                "using a plain 'User: / Assistant:' format"
+            )
+            self.template = None
+            return
+        try:
+            self.decoder.target.format_chat(
+                [{"role": "system", "content": "Be brief."}, *probe], self.template
+            )
+        except Exception:
+            self.fold_system = True
+
+    def chat_messages(
+        self, first_kept: int | None = None, pending: Message | None = None
+    ) -> list[dict[str, str]]:
+        """What the template gets: the system prompt, the kept turns (from `first_kept`)
+        and the user message waiting for its reply."""
+        start = self.first_kept if first_kept is None else first_kept
+        kept = self.messages[start:] + ([pending] if pending is not None else [])
+        turns = [{"role": m.role, "content": m.content} for m in kept]
+        if self.system:
+            if self.fold_system and turns:
+                turns[0] = {**turns[0], "content": f"{self.system}\n\n{turns[0]['content']}"}
+            elif not self.fold_system:
+                turns.insert(0, {"role": "system", "content": self.system})
+        return turns
+
+    def render(self, messages: list[dict[str, str]] | None = None) -> str:
+        """The conversation as text, ending where the assistant's reply begins."""
+        messages = self.chat_messages() if messages is None else messages
+        if self.template is not None:
+            try:
+                return self.decoder.target.format_chat(messages, self.template)
+            except Exception as exc:
+                raise InvalidParameterError(
+                    f"the model's chat template failed to render: {one_line(exc)}"
+                ) from exc
+        parts = []
+        for m in messages:
+            if m["role"] == "system":
+                parts.append(f"{m['content']}\n\n")
+            elif m["role"] == "user":
+                parts.append(f"User: {m['content']}\n")
+            else:
+                parts.append(f"Assistant: {m['content']}\n")
+        parts.append("Assistant:")
+        return "".join(parts)
+
+    # ---------------------------------------------------------------- tokens
+    def prompt_tokens(self, text: str) -> list[int]:
+        """Tokens of a rendered conversation: the token history where it still
+        holds, the tokenized rest after it (see the module docstring)."""
+        target = self.decoder.target
+        anchor = self._anchor
+        if anchor is not None and text.startswith(anchor.prompt_text):
+            after = text[len(anchor.prompt_text) :]
+            reply = anchor.reply_text
+            # The template may trim the reply (Llama 3 does), so try those forms too.
+            for form in dict.fromkeys((reply, reply.strip(), reply.lstrip(), reply.rstrip())):
+                if not after.startswith(form):
+                    continue
+                rest = after[len(form) :]
+                rest_tokens = target.tokenize(rest, add_bos=False, special=True)
+                if rest_tokens and self._starts_with_special(rest, rest_tokens[0]):
+                    return anchor.prompt_tokens + anchor.reply_tokens + rest_tokens
+        if self.template is None:
+            return self.decoder.tokenize(text)
+        return target.tokenize_chat(text)
+
+    def _starts_with_special(self, text: str, token: int) -> bool:
+        """A control token (prints as nothing) whose own text begins `text`: then
+        tokenizing from here gives what tokenizing the whole would."""
+        target = self.decoder.target
+        spelled = target.token_text(token).decode("utf-8", errors="replace")
+        return target.piece(token) == b"" and bool(spelled) and text.startswith(spelled)
+
+    def _reserve(self) -> int:
+        """Room kept free for the reply when deciding whether turns must go."""
+        return min(self.settings.max_tokens, self.decoder.n_ctx // 4)
+
+    def _fit(self, pending: Message) -> tuple[str, list[int], int, HistoryTrimmed | None]:
+        """Render and tokenize with the pending user message; if prompt + reserve
+        overflows the context, drop the oldest user/assistant pairs (down to 3/4 of
+        the window, so the next few turns need not drop and re-read again).
+        Changes nothing; returns (text, tokens, first_kept, trimmed)."""
+        n_ctx = self.decoder.n_ctx
+        reserve = self._reserve()
+        first_kept = self.first_kept
+        text = self.render(self.chat_messages(first_kept, pending))
+        tokens = self.prompt_tokens(text)
+        before = len(tokens)
+        dropped = 0
+        if before + reserve > n_ctx:
+            goal = n_ctx - n_ctx // 4
+            while len(tokens) + reserve > goal and first_kept < len(self.messages):
+                # Turns are user + assistant pairs; the system prompt is not in messages.
+                first_kept = min(first_kept + 2, len(self.messages))
+                dropped += 1
+                text = self.render(self.chat_messages(first_kept, pending))
+                tokens = self.prompt_tokens(text)
+        if len(tokens) >= n_ctx:
+            raise ContextOverflowError(
+                f"with this message the prompt is {len(tokens)} tokens, but the context "
+                f"window holds {n_ctx}; shorten it or restart with a larger --n-ctx"
+            )
+        trimmed = HistoryTrimmed(dropped, before, len(tokens), n_ctx) if dropped else None
+        return text, tokens, first_kept, trimmed
+
+    # ----------------------------------------------------------------- reply
+    def reply(self, user_text: str) -> Generator[Event | HistoryTrimmed, None, None]:
+        """Stream the assistant's answer to a new user message. Problems found before
+        generating (an empty or too long message, a broken template) raise here; the
+        conversation changes only once the returned iterator is started."""
+        user_text = user_text.strip()
+        if not user_text:
+            raise InvalidParameterError("the message is empty")
+        pending = Message("user", user_text)
+        text, tokens, first_kept, trimmed = self._fit(pending)
+        return self._stream(pending, first_kept, text, tokens, trimmed)
+
+    def _stream(
+        self,
+        pending: Message,
+        first_kept: int,
+        text: str,
+        tokens: list[int],
+        trimmed: HistoryTrimmed | None,
+    ) -> Generator[Event | HistoryTrimmed, None, None]:
+        self.messages.append(pending)
+        self.first_kept = first_kept
+        models = {"target": self.decoder.target}
+        if self.decoder.draft is not None:
+            models["draft"] = self.decoder.draft
+        at_start = {name: m.tokens_evaluated for name, m in models.items()}
+        turn = TurnInfo(len(tokens), 0, {}, {}, trimmed=trimmed, prompt_text=text)
+        self.last_turn = turn
+        s = self.settings
+        stream: GenerationStream | None = None
+        self.trace.begin(pending.content)
+        try:
+            stream = self.decoder.stream(
+                tokens,
+                max_tokens=s.max_tokens,
+                sampling=s.sampling,
+                draft_max=s.draft_max,
+                draft_mode=s.draft_mode,
+                stop=PLAIN_STOP if self.plain_format else (),
+                keep_cache=True,
+            )
+            if trimmed is not None:
+                yield trimmed
+            for event in stream:
+                self.trace.feed(event)
+                if isinstance(event, PromptEvaluated):
+                    turn.reused = event.reused
+                    turn.prompt_evaluated = {
+                        n: m.tokens_evaluated - at_start[n] for n, m in models.items()
+                    }
+                yield event
+        finally:
+            if stream is not None:
+                stream.close()
+            turn.evaluated = {n: m.tokens_evaluated - at_start[n] for n, m in models.items()}
+            self._record(text, tokens, stream.result if stream is not None else None)
+
+    def _record(self, text: str, tokens: list[int], result: GenerationResult | None) -> None:
+        """Keep the reply (partial or not) as the assistant's message and extend the
+        token history with the tokens really generated. No result: the stream
+        stopped before generating, so the user message is withdrawn."""
+        target = self.decoder.target
+        if self.last_turn is not None:
+            self.last_turn.result = result
+        if result is None:
+            # Stopped (or failed) before the first token: the turn never happened.
+            self.messages.pop()
+            self.trace.generations.pop()
+            for model in (target, self.decoder.draft):
+                if model is not None:
+                    model.sync_to(self.committed[:-1])
+            return
+        generated = list(result.tokens)
+        body = generated[:-1] if generated and target.is_eog(generated[-1]) else generated
+        if self.plain_format:
+            # A stop string may cut the text inside a token: keep the text, not tokens.
+            content = result.text
+            self._anchor = None
+        else:
+            content = target.detokenize(body)
+            self._anchor = _Anchor(text, list(tokens), content, body)
+        self.trace.finish(result)
+        # The message keeps the text stripped; the anchor matches either form.
+        self.messages.append(Message("assistant", content.strip(), result.finish_reason))
+        self.committed = list(tokens) + generated
+        self.totals.merge(result.stats)
+        self.replies += 1
+
+    # -------------------------------------------------------------- commands
+    def set(self, name: str, value: Any) -> tuple[str, Any]:
+        """Change a setting; `value` may be a string as typed after /set."""
+        if isinstance(value, str):
+            key, value = parse_setting(name, value)
+        else:
+            key, value = parse_setting(name, str(value))
+        if key == "draft_mode" and value in ("model", "hybrid") and self.decoder.draft is None:
+            raise InvalidParameterError(
+                f"draft_mode {value} needs a draft model, but this pair drafts by lookup"
+            )
+        s = self.settings
+        if key in _SAMPLING_FIELDS:
+            s.sampling = dataclasses.replace(s.sampling, **{key: value})
+        elif key == "p_min":
+            s.p_min = self.decoder.p_min = value
+        else:
+            setattr(s, key, value)
+        return key, value
+
+    def reset(self) -> None:
+        """A new conversation (the caches keep what is still common, e.g. the system prompt)."""
+        self.messages.clear()
+        self.first_kept = 0
+        self._anchor = None
+        self.trace.clear()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        # The prompt changes from its first tokens: every kept turn is read again.
+
+    def context_tokens(self) -> int:
+        """Length of the conversation as the model sees it now (the last prompt + reply)."""
+        return len(self.committed)
+
+    def cache_report(self) -> dict[str, Any]:
+        """Both caches against the token history (for /debug-cache and tests):
+        consistent means each cache holds a prefix of it, and llama.cpp agrees."""
+        out: dict[str, Any] = {"history": len(self.committed)}
+        ok = True
+        for name, model in (("target", self.decoder.target), ("draft", self.decoder.draft)):
+            if model is None:
+                continue
+            n = len(model.cached)
+            good = model.cached == self.committed[:n] and model.pos_max() + 1 == n
+            ok = ok and good
+            out[name] = n
+        out["consistent"] = ok
+        return out
+
+    # ------------------------------------------------------------------ save
+
+    def transcript(self) -> dict[str, Any]:
+        return transcript(self)
+
+    def save(self, path: str | Path) -> str:
+        """Write the transcript: JSON for *.json, the trace page for *.html, Markdown
+        otherwise. Returns the format."""
+        if Path(path).suffix.lower() in (".html", ".htm"):
+            self.trace.settings = self.settings.as_dict()
+            return self.trace.save(Path(path).expanduser(), title="specllama chat")
+        return save_transcript(self, path)
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -1,0 +1,147 @@
+"""`specllama generate`: one prompt, the text to stdout, the stats to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..engine.decoder import SpeculativeDecoder
+from ..engine.events import Finished
+from ..errors import InvalidParameterError
+from .liveview import LiveDrafts
+from .options import model_options, open_decoder, pass_options, sampling_options, view_options
+from .trace import TraceRecorder, trace_kind
+from .ui import TokenPrinter, stats_table, stderr_console
+
+EXIT_INTERRUPTED = 130
+
+
+def read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        text = prompt
+    else:
+        stdin = sys.stdin.buffer
+        if prompt is None and stdin.isatty():
+            raise InvalidParameterError("no prompt: give one as an argument or pipe it on stdin")
+        try:
+            text = stdin.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidParameterError(
+                f"stdin is not valid UTF-8 text (byte {exc.start}); convert it first, "
+                "e.g. iconv -t UTF-8"
+            ) from exc
+    if not text.strip():
+        raise InvalidParameterError("the prompt is empty")
+    return text
+
+
+def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
+                  system: str | None) -> list[int]:
+    """The prompt as the target should see it: in its chat template unless --raw."""
+    if chat and decoder.target.chat_template() is None:
+        stderr_console().print(
+            "[yellow]warning:[/yellow] the target has no chat template; sending the prompt raw"
+        )
+    return decoder.target.prompt(text, chat=chat is not False, system=system)
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@model_options
+@sampling_options
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
+@click.option(
+    "--chat/--raw",
+    default=None,
+    help="Wrap the prompt in the model's chat template (default when it has one) or send it raw.",
+)
+@click.option("--system", help="System message for --chat.")
+@click.option("--plain", is_flag=True, help="No colours.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@view_options
+@click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
+              "to open or share) or FILE.json (the per-round records).")
+@pass_options
+def generate(opts: dict[str, Any]) -> None:
+    """Generate text from PROMPT (or stdin) with speculative decoding."""
+    err = stderr_console()
+    if opts["trace"]:
+        check_trace_path(opts["trace"])
+    text = read_prompt(opts["prompt"])
+    decoder, settings = open_decoder(opts, err)
+    settings.stop = tuple(opts["stop"])
+    tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
+    printer: TokenPrinter | LiveDrafts | None = (
+        None if opts["as_json"] else TokenPrinter(color=False if opts["plain"] else None)
+    )
+    if printer is not None and printer.color and (opts["show_drafts"] or opts["pace"]):
+        printer = LiveDrafts(printer.out, decoder.target.piece, pace_ms=opts["pace"])
+    recorder = TraceRecorder(decoder.target.piece, settings.as_dict()) if opts["trace"] else None
+    stream = decoder.stream(
+        tokens,
+        max_tokens=settings.max_tokens,
+        sampling=settings.sampling,
+        draft_max=settings.draft_max,
+        draft_mode=settings.draft_mode,
+        stop=settings.stop,
+    )
+    interrupted = False
+    try:
+        for event in stream:
+            if recorder is not None:
+                recorder.feed(event)
+            if printer is not None:
+                printer.show(event)
+            if isinstance(event, Finished):
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        stream.close()
+        if printer is not None:
+            printer.close()
+    result = stream.result
+    if result is None:  # interrupted while the prompt was read: nothing to report
+        decoder.close()
+        click.echo("specllama: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if opts["as_json"]:
+        click.echo(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "tokens": result.tokens,
+                    "prompt_tokens": result.prompt_tokens,
+                    "finish_reason": result.finish_reason,
+                    "stats": result.stats.to_dict(),
+                    "settings": settings.as_dict(),
+                },
+                ensure_ascii=False,
+            )
+        )
+    elif printer is not None:
+        if printer.printed and not printer.printed.endswith("\n"):
+            printer.out.write("\n")
+        printer.out.flush()
+        err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}"))
+    if recorder is not None:
+        recorder.finish(result)
+        kind = recorder.save(opts["trace"])
+        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
+    decoder.close()
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def check_trace_path(path: str) -> None:
+    """Before loading anything: a name the trace can be written as, in a folder that exists."""
+    trace_kind(path)
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise InvalidParameterError(f"cannot write the trace {path}: no folder {folder}")
+
+

@@ -1,0 +1,85 @@
+"""How many tokens to draft each round, as the round loop sees it.
+
+The engine defines the interface and the fixed draft length; the adaptive
+policies ("auto", "heuristic") live in `specllama.policy`, which registers them
+in `NAMED_POLICIES` when imported (the engine never imports the layer above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from .settings import validate_setting
+
+if TYPE_CHECKING:
+    from .decoder import SpeculativeDecoder
+
+Source = Literal["model", "lookup"]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round cost and gave: the input of adaptive policies."""
+
+    k: int  # tokens drafted (0 = plain target step)
+    accepted: int
+    source: Source
+    target_s: float  # target decode time of this round (one pass of k+1 tokens)
+    draft_s: float  # draft model decode time of this round (0 for lookup)
+
+
+class DraftLengthPolicy(Protocol):
+    def choose(self, source: str = "model") -> int:
+        """Draft length for the next round from this source (0 = plain target step)."""
+        ...
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Outcome of the last round."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the stats: what the policy did and why."""
+        ...
+
+    def may_draft(self, source: str = "model") -> bool:
+        """Whether this call may ask `source` for a draft at all. False lets the round
+        loop leave the draft model's share of the prompt for later: a draft model
+        catches up on its own the first time it drafts."""
+        ...
+
+
+class FixedDraftLength:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, source: str = "model") -> int:
+        return self.k
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "target alone (draft length 0)" if self.k == 0 else f"fixed draft length {self.k}"
+
+    def may_draft(self, source: str = "model") -> bool:
+        return self.k > 0
+
+
+PolicyFactory = Callable[["SpeculativeDecoder"], DraftLengthPolicy]
+#: draft_max words -> the policy of one generation call (filled by specllama.policy).
+NAMED_POLICIES: dict[str, PolicyFactory] = {}
+
+DraftMax = int | str | DraftLengthPolicy
+
+
+def make_policy(draft_max: DraftMax, decoder: SpeculativeDecoder) -> DraftLengthPolicy:
+    """An int is a fixed k (0 = target alone), "auto" the cost-aware policy,
+    "heuristic" +2/-1; a policy object is used as it is."""
+    if not isinstance(draft_max, (int, str)) and hasattr(draft_max, "choose"):
+        return draft_max
+    value = validate_setting("draft_max", draft_max)
+    if isinstance(value, str):
+        return NAMED_POLICIES[value](decoder)
+    return FixedDraftLength(value)

@@ -1,0 +1,257 @@
+"""models.toml as frozen dataclasses: model sources, pairs, their defaults."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ..engine.settings import FILE_SETTINGS
+from ..errors import ConfigError
+
+CONFIG_FILENAME = "models.toml"
+CONFIG_ENV_VAR = "SPECLLAMA_CONFIG"
+
+#: Quantization types a draft may be derived with (llama.cpp ftype names).
+DERIVE_QUANTS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16")
+#: The draft source string meaning "no draft model: prompt-lookup drafting".
+LOOKUP = "lookup"
+
+#: The prefix of a Hugging Face model source string: ``hf://OWNER/REPO/FILE.gguf``.
+HF_SCHEME = "hf://"
+#: The revision (branch, tag or commit) of an ``hf`` source that names none.
+HF_DEFAULT_REVISION = "main"
+
+SourceKind = Literal["path", "package", "derive", "lookup", "hf"]
+_SOURCE_KINDS = ("path", "package", "derive", "lookup", "hf")
+
+# One half of a Hugging Face repo id (as huggingface_hub's validate_repo_id allows).
+_HF_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
+_GLOB_CHARS = frozenset("*?[")
+
+
+def hf_repo_problem(repo: str) -> str | None:
+    """Why ``repo`` is not a Hugging Face model repo id ``OWNER/REPO`` (None if it is)."""
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(_HF_NAME_RE.match(p) for p in parts):
+        return "must be \"OWNER/REPO\" (letters, digits, '-', '_' and '.')"
+    if "--" in repo or ".." in repo:
+        return "must not contain '--' or '..'"
+    return None
+
+
+def hf_file_problem(file: str) -> str | None:
+    """Why ``file`` is not a GGUF file name (or glob) inside a repo (None if it is)."""
+    parts = file.split("/")
+    if not file.strip() or "\\" in file or any(p in ("", ".", "..") for p in parts):
+        return "must be a file name (or glob) inside the repository"
+    if not file.lower().endswith(".gguf"):
+        return 'must end in .gguf (a file name, or a glob like "*q4_k_m*.gguf")'
+    return None
+
+
+def _is_glob(file: str) -> bool:
+    return any(c in _GLOB_CHARS for c in file)
+
+
+def split_hf_url(url: str) -> tuple[str, str] | None:
+    """``hf://OWNER/REPO/FILE`` -> (``OWNER/REPO``, ``FILE``); None when malformed.
+    FILE may be a glob or contain '/'."""
+    parts = url[len(HF_SCHEME) :].split("/", 2)
+    if not url.startswith(HF_SCHEME) or len(parts) < 3 or not all(parts):
+        return None
+    return f"{parts[0]}/{parts[1]}", parts[2]
+
+
+# --------------------------------------------------------------------------- dataclasses
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from. Exactly the fields of its ``kind`` are set.
+
+    - ``path``: ``path`` (absolute, ``~`` expanded, relative paths already joined
+      to the config file's directory)
+    - ``package``: ``package`` (importable name) and ``file`` (relative to its directory)
+    - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`); requantized from the target
+    - ``lookup``: nothing (prompt-lookup drafting, no draft model)
+    - ``hf``: ``repo`` (``OWNER/REPO`` on Hugging Face), ``file`` (a ``.gguf`` name in
+      it, or a glob such as ``*q4_k_m*.gguf``) and ``revision`` (default ``"main"``)
+    """
+
+    kind: SourceKind
+    path: Path | None = None
+    package: str | None = None
+    file: str | None = None
+    quant: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "hf" and self.revision is None:
+            object.__setattr__(self, "revision", HF_DEFAULT_REVISION)
+        expected = {
+            "path": {"path"},
+            "package": {"package", "file"},
+            "derive": {"quant"},
+            "lookup": set(),
+            "hf": {"repo", "file", "revision"},
+        }.get(self.kind)
+        if expected is None:
+            raise ValueError(f"unknown source kind {self.kind!r}; expected one of {_SOURCE_KINDS}")
+        given = {f.name for f in fields(self) if f.name != "kind" and getattr(self, f.name)}
+        if given != expected:
+            raise ValueError(
+                f"a {self.kind!r} source takes {sorted(expected)}, got {sorted(given)}"
+            )
+        if self.kind == "derive" and self.quant not in DERIVE_QUANTS:
+            raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
+        if self.kind == "hf":
+            assert self.repo is not None and self.file is not None
+            problem = hf_repo_problem(self.repo)
+            if problem is not None:
+                raise ValueError(f"Hugging Face repository {problem}, got {self.repo!r}")
+            problem = hf_file_problem(self.file)
+            if problem is not None:
+                raise ValueError(f"Hugging Face file {problem}, got {self.file!r}")
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str]) -> ModelSource:
+        return cls(kind="path", path=Path(os.path.abspath(os.path.expanduser(path))))
+
+    @classmethod
+    def from_package(cls, package: str, file: str) -> ModelSource:
+        return cls(kind="package", package=package, file=file)
+
+    @classmethod
+    def derived(cls, quant: str) -> ModelSource:
+        return cls(kind="derive", quant=quant)
+
+    @classmethod
+    def lookup(cls) -> ModelSource:
+        return cls(kind="lookup")
+
+    @classmethod
+    def from_hf(cls, repo: str, file: str, revision: str = HF_DEFAULT_REVISION) -> ModelSource:
+        return cls(kind="hf", repo=repo, file=file, revision=revision)
+
+    @classmethod
+    def from_hf_url(cls, url: str) -> ModelSource:
+        """``"hf://OWNER/REPO/FILE.gguf"`` (or a glob) -> an ``hf`` source.
+
+        Raises ``ValueError`` when malformed (models.toml gets friendlier messages).
+        """
+        if not url.startswith(HF_SCHEME):
+            raise ValueError(f"expected {HF_SCHEME}OWNER/REPO/FILE.gguf, got {url!r}")
+        split = split_hf_url(url)
+        if split is None:
+            raise ValueError(
+                f'must look like "{HF_SCHEME}OWNER/REPO/FILE.gguf" (or a glob: '
+                f'"{HF_SCHEME}OWNER/REPO/*q4_k_m*.gguf"), got {url!r}'
+            )
+        return cls.from_hf(*split)
+
+    @property
+    def is_glob(self) -> bool:
+        """True for an ``hf`` source whose ``file`` is a glob pattern."""
+        return self.kind == "hf" and self.file is not None and _is_glob(self.file)
+
+    @property
+    def hf_url(self) -> str:
+        """``hf://OWNER/REPO/FILE`` of an ``hf`` source (its revision not included)."""
+        if self.kind != "hf":
+            raise ValueError(f"a {self.kind!r} source has no hf:// URL")
+        return f"{HF_SCHEME}{self.repo}/{self.file}"
+
+    def describe(self) -> str:
+        """A short human description, e.g. for ``specllama pairs``."""
+        if self.kind == "path":
+            return str(self.path)
+        if self.kind == "hf":
+            at = f" (revision {self.revision})" if self.revision != HF_DEFAULT_REVISION else ""
+            return self.hf_url + at
+        if self.kind == "package":
+            return f"{self.file} (from Python package {self.package})"
+        if self.kind == "derive":
+            return f"{self.quant} requantization of the target"
+        return "prompt lookup (no draft model)"
+
+
+@dataclass(frozen=True)
+class PairDefaults:
+    """Per-pair default settings; ``None`` means "not set in the file"."""
+
+    n_ctx: int | None = None
+    threads: int | None = None
+    draft_max: int | Literal["auto"] | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    p_min: float | None = None  # draft confidence cutoff (stop a draft below it)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Only the settings that are set, in declaration order."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A named target/draft pair from models.toml."""
+
+    name: str
+    target: ModelSource
+    draft: ModelSource
+    description: str = ""
+    defaults: PairDefaults = field(default_factory=PairDefaults)
+    #: The models.toml this pair came from (None for pairs built in code).
+    config_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A loaded models.toml. ``pairs`` keeps the file's order and is read-only."""
+
+    path: Path
+    default: str | None
+    pairs: Mapping[str, Pair]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pairs, MappingProxyType):
+            object.__setattr__(self, "pairs", MappingProxyType(dict(self.pairs)))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.pairs)
+
+    def pair(self, name: str | None = None) -> Pair:
+        """The pair called ``name``; with ``None``, the ``default`` pair (or the only one)."""
+        if name is None:
+            if self.default is not None:
+                return self.pairs[self.default]
+            if len(self.pairs) == 1:
+                return next(iter(self.pairs.values()))
+            raise ConfigError(
+                f"{self.path}: no pair chosen and no `default` set; "
+                f"choose one of: {', '.join(self.pairs)}"
+            )
+        try:
+            return self.pairs[name]
+        except KeyError:
+            pass
+        known = ", ".join(self.pairs) if self.pairs else "(none)"
+        close = difflib.get_close_matches(name, list(self.pairs), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{self.path}: no pair named {name!r}{hint}; known pairs: {known}")
+
+
+# PairDefaults mirrors the settings table
+assert tuple(f.name for f in fields(PairDefaults)) == FILE_SETTINGS

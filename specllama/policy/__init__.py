@@ -1,0 +1,28 @@
+"""Draft-length policies beyond a fixed k: "auto" (cost-aware) and "heuristic".
+
+Importing this package registers them with the engine's round loop
+(`engine.lengths.NAMED_POLICIES`); `specllama/__init__.py` does so.
+"""
+
+from ..engine.lengths import (
+    NAMED_POLICIES,
+    DraftLengthPolicy,
+    FixedDraftLength,
+    RoundOutcome,
+    make_policy,
+)
+from .auto import AutoDraftLength, AutoState
+from .heuristic import HeuristicDraftLength
+
+NAMED_POLICIES["auto"] = AutoDraftLength.for_decoder
+NAMED_POLICIES["heuristic"] = lambda decoder: HeuristicDraftLength()
+
+__all__ = [
+    "AutoDraftLength",
+    "AutoState",
+    "DraftLengthPolicy",
+    "FixedDraftLength",
+    "HeuristicDraftLength",
+    "RoundOutcome",
+    "make_policy",
+]

@@ -1,0 +1,259 @@
+"""`draft_max="auto"`: the draft length that maximizes expected tokens per second.
+
+Each round it picks the k in 0..15 that maximizes rate(k) (see `costs`), with
+the decode costs measured once per model and machine (`calibration`) and the
+acceptance rate per draft position estimated as it goes, per draft source. k = 0
+is plain target decoding, kept unless the best k > 0 is expected to be at least
+`margin` faster: never meaningfully slower than the target alone. While paused it
+drafts a short probe every PROBE_EVERY rounds, so the acceptance estimate can
+recover, but only where drafting could pay at an optimistic acceptance rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..engine.lengths import RoundOutcome
+from .calibration import DRAFT_MAX_N, TARGET_MAX_N, CostCurve, calibrate
+from .costs import DEFAULT_MARGIN, Decision, RoundCosts, decide
+
+if TYPE_CHECKING:
+    from ..engine.decoder import SpeculativeDecoder
+
+AUTO_MAX_DRAFT = 15  # auto verifies at most 16 tokens at once (the calibrated range)
+SOURCES = ("model", "lookup")
+PROBE_EVERY = 16  # paused rounds between two probes
+PROBE_K = 2
+#: Probe only if drafting would pay at this acceptance (or the estimate, if higher).
+OPTIMISTIC_ALPHA = 0.9
+
+
+class AcceptanceEstimate:
+    """Acceptance per draft position, from decayed counts.
+
+    Position i is "reached" in a round when positions 1..i-1 were accepted and
+    the round meant to draft at least i tokens; it then counts as accepted or
+    not (a rejection, or a draft cut short by the confidence cutoff). The
+    overall rate is shrunk towards `prior`, and each position towards the
+    overall rate, so rarely reached positions borrow from the rest.
+    """
+
+    def __init__(
+        self,
+        prior: float = 0.6,
+        prior_weight: float = 4.0,
+        position_weight: float = 3.0,
+        decay: float = 0.97,
+        positions: int = AUTO_MAX_DRAFT,
+    ) -> None:
+        self.prior, self.prior_weight = prior, prior_weight
+        self.position_weight, self.decay = position_weight, decay
+        self.reached = [0.0] * positions
+        self.accepted = [0.0] * positions
+
+    def observe(self, reached: int, accepted: int) -> None:
+        """Positions 1..reached were reached; 1..accepted of them accepted."""
+        if reached <= 0:
+            return
+        d = self.decay
+        for i in range(len(self.reached)):
+            hit = i < reached
+            self.reached[i] = self.reached[i] * d + hit
+            self.accepted[i] = self.accepted[i] * d + (hit and i < accepted)
+
+    @property
+    def overall(self) -> float:
+        return (sum(self.accepted) + self.prior_weight * self.prior) / (
+            sum(self.reached) + self.prior_weight
+        )
+
+    def rates(self) -> list[float]:
+        a, w = self.overall, self.position_weight
+        return [(acc + w * a) / (r + w) for acc, r in zip(self.accepted, self.reached)]
+
+
+@dataclass
+class SourceState:
+    acceptance: AcceptanceEstimate
+    costs: RoundCosts
+    paused: int = 0  # paused rounds since the last draft or probe
+    decision: Decision | None = None  # valid until the acceptance estimate changes
+
+
+class AutoState:
+    """What auto keeps across the calls of one decoder: the measured costs and the
+    acceptance estimate of each draft source."""
+
+    def __init__(
+        self,
+        target_curve: CostCurve,
+        draft_step_s: float = 0.0,
+        *,
+        priors: dict[str, float] | None = None,
+        calibration: dict[str, Any] | None = None,
+    ) -> None:
+        priors = {"model": 0.6, "lookup": 0.5, **(priors or {})}
+        self.target = target_curve
+        self.k_max = max(0, min(AUTO_MAX_DRAFT, target_curve.max_n - 1))
+        verify = tuple(target_curve.t(n) for n in range(1, self.k_max + 2))
+        self.sources = {
+            src: SourceState(
+                AcceptanceEstimate(prior=priors[src], positions=max(1, self.k_max)),
+                RoundCosts(verify, draft_step_s if src == "model" else 0.0),
+            )
+            for src in SOURCES
+        }
+        self.calibration = calibration or {}
+
+    @classmethod
+    def for_decoder(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
+        """The decoder's state, created (and its models calibrated) on first use;
+        refresh=True measures the costs again instead of reading the cache."""
+        state = decoder.policy_state.get("auto")
+        if not isinstance(state, AutoState) or refresh:
+            state = decoder.policy_state["auto"] = cls.calibrated(decoder, refresh=refresh)
+        return state
+
+    @classmethod
+    def calibrated(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
+        target = calibrate(decoder.target, TARGET_MAX_N, use_cache=not refresh)
+        info = {"target": target.to_dict()}
+        draft_step = 0.0
+        if decoder.draft is not None:
+            draft = calibrate(decoder.draft, DRAFT_MAX_N, use_cache=not refresh)
+            info["draft"] = draft.to_dict()
+            draft_step = draft.curve.t(1)
+        return cls(target.curve, draft_step, calibration=info)
+
+    def source(self, name: str) -> SourceState:
+        return self.sources[name if name in self.sources else "model"]
+
+    def costs(self, source: str) -> RoundCosts:
+        return self.source(source).costs
+
+
+@dataclass
+class _Tally:
+    rounds: int = 0
+    drafted: int = 0  # rounds where this policy chose k > 0 (probes included)
+    k_sum: int = 0
+    probes: int = 0
+    speedup_sum: float = 0.0  # expected speedup, summed over drafting rounds
+    last: Decision | None = None
+
+
+@dataclass
+class AutoDraftLength:
+    """The cost-aware policy of one generation call (see the module docstring)."""
+
+    state: AutoState
+    margin: float = DEFAULT_MARGIN
+    cutoff: bool = False  # the draft model may stop short (p_min > 0): count it as a miss
+    _chosen: dict[str, int] = field(default_factory=dict)
+    _tally: dict[str, _Tally] = field(default_factory=dict)
+
+    @classmethod
+    def for_decoder(cls, decoder: SpeculativeDecoder) -> AutoDraftLength:
+        return cls(AutoState.for_decoder(decoder), cutoff=decoder.p_min > 0.0)
+
+    def _decision(self, src: SourceState) -> Decision:
+        if src.decision is None:
+            src.decision = decide(src.acceptance.rates(), src.costs, self.state.k_max,
+                                  self.margin)
+        return src.decision
+
+    @staticmethod
+    def _optimistic(src: SourceState) -> float:
+        return min(0.95, max(OPTIMISTIC_ALPHA, src.acceptance.overall))
+
+    def _hopeful(self, src: SourceState) -> Decision:
+        """The decision at an optimistic acceptance: could drafting pay at all?"""
+        return decide(self._optimistic(src), src.costs, self.state.k_max, self.margin)
+
+    def choose(self, source: str = "model") -> int:
+        src = self.state.source(source)
+        tally = self._tally.setdefault(source, _Tally())
+        decision = self._decision(src)
+        k = decision.k
+        tally.rounds += 1
+        tally.last = decision
+        if k > 0:
+            src.paused = 0
+            tally.speedup_sum += decision.speedup
+        else:
+            src.paused += 1
+            if src.paused >= PROBE_EVERY:
+                src.paused = 0
+                hopeful = self._hopeful(src)
+                if hopeful.speculate:
+                    k = max(1, min(PROBE_K, hopeful.best_k))
+                    tally.probes += 1
+        if k > 0:
+            tally.drafted += 1
+            tally.k_sum += k
+        self._chosen[source] = k
+        return k
+
+    def may_draft(self, source: str = "model") -> bool:
+        """False only where drafting from `source` could not pay even at the
+        optimistic acceptance that gates probes."""
+        src = self.state.source(source)
+        return self._decision(src).speculate or self._hopeful(src).speculate
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        if not any(self._chosen.values()):
+            self._chosen.clear()
+            return  # nobody was asked to draft: nothing to learn
+        # The source that drafted: the outcome's, or (nothing drafted) the one that
+        # was asked for a draft and stopped at once under the confidence cutoff.
+        source: str = outcome.source
+        if outcome.k == 0:
+            source = next((s for s, k in self._chosen.items() if k > 0), source)
+        chosen = self._chosen.get(source, 0)
+        self._chosen.clear()
+        if chosen == 0:
+            return
+        m, k = outcome.accepted, outcome.k
+        if m < k:
+            reached = m + 1  # rejected at m + 1
+        elif k < chosen and self.cutoff and source == "model":
+            reached = k + 1  # the cutoff stopped the draft at k + 1
+        else:
+            # (a lookup draft stops short where its match ends: that says nothing
+            # about acceptance)
+            reached = k
+        src = self.state.source(source)
+        src.acceptance.observe(reached, m)
+        src.decision = None
+
+    def describe(self) -> str:
+        if not self._tally:
+            return "auto: nothing to draft with (target alone)"
+        return "auto: " + " | ".join(self._describe(s, t) for s, t in self._tally.items())
+
+    def _describe(self, source: str, tally: _Tally) -> str:
+        src = self.state.source(source)
+        d = tally.last
+        assert d is not None
+        k, costs, alpha = d.best_k or 1, src.costs, src.acceptance.overall
+        t1 = costs.target[0]
+        verify = f"verifying {k + 1} tokens costs {costs.target[k] / t1:.1f}x one token here"
+        if source == "model":
+            verify += f" and a draft step {costs.draft / t1:.2f}x"
+        label = "" if source == "model" else f"{source}: "
+        real = tally.drafted - tally.probes
+        if not d.speculate:
+            msg = (f"{label}speculation paused: {verify}; at {alpha:.0%} acceptance drafting "
+                   f"{k} would run at {d.speedup:.2f}x the target alone")
+            if tally.probes:
+                return msg + f" (probed {tally.probes}x)"
+            if not self._hopeful(src).speculate:
+                return msg + (f"; even at {self._optimistic(src):.0%} acceptance it would "
+                              "not pay, so no probes")
+            return msg
+        share = real / tally.rounds
+        when = "" if share >= 0.95 else f" in {share:.0%} of rounds"
+        return (f"{label}drafted{when}, k {tally.k_sum / max(1, tally.drafted):.1f} on average, "
+                f"acceptance {alpha:.0%}: expected "
+                f"{tally.speedup_sum / max(1, real):.2f}x the target alone ({verify})")

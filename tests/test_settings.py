@@ -1,0 +1,63 @@
+"""The one settings table: the README, the flags, the API and SamplingParams agree with it."""
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
+from specllama.cli import cli
+from specllama.cli.options import settings_markdown
+from specllama.engine.settings import FILE_SETTINGS, LIVE_SETTINGS, SETTINGS, validate_setting
+from specllama.models.config import PairDefaults
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_lists_the_table():
+    assert settings_markdown() in README.read_text()
+
+
+def test_every_setting_is_a_flag_of_generate_chat_and_bench():
+    every = {s.flag for s in SETTINGS.values()}
+    for command, missing in (("generate", set()), ("chat", set()),
+                             ("bench", {"--draft-max"})):  # the bench has --modes instead
+        flags = {opt for p in cli.commands[command].params for opt in p.opts}
+        assert every - flags == missing, command
+
+
+def test_the_api_defaults_are_the_table_defaults():
+    load = inspect.signature(SpeculativeDecoder.load).parameters
+    stream = inspect.signature(SpeculativeDecoder.stream).parameters
+    assert load["n_ctx"].default == SETTINGS["n_ctx"].default
+    assert load["n_threads"].default == SETTINGS["threads"].default
+    assert load["p_min"].default == SETTINGS["p_min"].default
+    assert stream["max_tokens"].default == SETTINGS["max_tokens"].default
+    assert stream["draft_max"].default == SETTINGS["draft_max"].default
+    sampling = SamplingParams()
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
+        assert getattr(sampling, name) == SETTINGS[name].default, name
+
+
+def test_models_toml_and_set_take_the_table_settings():
+    assert tuple(f for f in PairDefaults.__dataclass_fields__) == FILE_SETTINGS
+    assert "draft_mode" in LIVE_SETTINGS and "n_ctx" not in LIVE_SETTINGS
+
+
+@pytest.mark.parametrize("name, value", [
+    ("temperature", 0.0), ("temperature", -0.01), ("top_k", 0), ("top_k", -1),
+    ("top_p", 1.0), ("top_p", 0.0), ("top_p", 1.01), ("min_p", 0.0), ("min_p", 1.0),
+    ("min_p", 1.5), ("seed", 0), ("seed", -1),
+])
+def test_sampling_params_and_the_table_accept_the_same_values(name, value):
+    try:
+        validate_setting(name, value)
+        table_ok = True
+    except InvalidParameterError:
+        table_ok = False
+    try:
+        SamplingParams(**{name: value})
+        params_ok = True
+    except InvalidParameterError:
+        params_ok = False
+    assert table_ok == params_ok
