@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from rich.cells import get_character_cell_size
 
+from specllama.cli.liveview import LiveDrafts
 from specllama.engine.events import (
     DraftProposed,
     RoundVerified,
@@ -22,7 +23,6 @@ from specllama.engine.events import (
     TextFlushed,
     TokensAccepted,
 )
-from specllama.cli.liveview import LiveDrafts
 from specllama.engine.textstream import TextStream
 
 pyte = pytest.importorskip("pyte")

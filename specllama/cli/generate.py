@@ -75,11 +75,12 @@ def generate(opts: dict[str, Any]) -> None:
     decoder, settings = open_decoder(opts, err)
     settings.stop = tuple(opts["stop"])
     tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
-    printer: TokenPrinter | LiveDrafts | None = (
-        None if opts["as_json"] else TokenPrinter(color=False if opts["plain"] else None)
-    )
-    if printer is not None and printer.color and (opts["show_drafts"] or opts["pace"]):
-        printer = LiveDrafts(printer.out, decoder.target.piece, pace_ms=opts["pace"])
+    printer: TokenPrinter | LiveDrafts | None = None
+    if not opts["as_json"]:
+        plain = TokenPrinter(color=False if opts["plain"] else None)
+        live = plain.color and (opts["show_drafts"] or opts["pace"])
+        printer = LiveDrafts(plain.out, decoder.target.piece, pace_ms=opts["pace"]) if live \
+            else plain
     recorder = TraceRecorder(decoder.target.piece, settings.as_dict()) if opts["trace"] else None
     stream = decoder.stream(
         tokens,

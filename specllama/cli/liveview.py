@@ -21,7 +21,14 @@ from rich.cells import get_character_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from ..engine.events import DraftProposed, Event, RoundVerified, TargetToken, TextFlushed, TokensAccepted
+from ..engine.events import (
+    DraftProposed,
+    Event,
+    RoundVerified,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
 from ..engine.textstream import TokenTexts
 from .ui import ACCEPTED, PENDING, TARGET
 
@@ -74,7 +81,7 @@ class LiveDrafts:
         if isinstance(event, DraftProposed):
             self._erase()
             self._write_unwritten()
-            cells = [(t, PENDING) for t in self._texts.peek(event.tokens)]
+            cells: list[Piece] = [(t, PENDING) for t in self._texts.peek(event.tokens)]
             self._draw(cells)
             self._pause()
         elif isinstance(event, TokensAccepted):

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import InvalidParameterError
 from ..engine.events import Event, Finished, GenerationResult, RoundVerified
 from ..engine.stats import Stats
 from ..engine.textstream import TokenTexts
+from ..errors import InvalidParameterError
 
 TRACE_FORMAT = "specllama-trace/1"
 ChipKind = Literal["accepted", "rejected", "target"]

@@ -22,6 +22,7 @@ from ..engine.stats import Stats
 
 ACCEPTED = "green"
 TARGET = "yellow"
+PENDING = "blue"  # drafts awaiting the verdict (liveview)
 
 
 def stderr_console() -> Console:

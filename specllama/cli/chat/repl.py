@@ -183,8 +183,9 @@ class ChatREPL:
     def answer(self, text: str) -> bool:
         """One reply, rendered; False when a piped run was interrupted (stop there)."""
         session = self.session
-        printer: TokenPrinter | LiveDrafts = TokenPrinter(self.out, color=self.color)
-        if printer.color and (self.show_drafts or self.pace_ms):
+        plain = TokenPrinter(self.out, color=self.color)
+        printer: TokenPrinter | LiveDrafts = plain
+        if plain.color and (self.show_drafts or self.pace_ms):
             printer = LiveDrafts(self.out, session.decoder.target.piece, pace_ms=self.pace_ms)
         try:
             events = session.reply(text)
