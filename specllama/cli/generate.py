@@ -6,6 +6,7 @@ import dataclasses
 import json
 import secrets
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,7 +16,9 @@ from ..engine.events import Finished
 from ..errors import InvalidParameterError
 from ..policy.compare import compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
-from .options import model_options, open_decoder, pass_options, sampling_options
+from .liveview import LiveDrafts
+from .options import model_options, open_decoder, pass_options, sampling_options, view_options
+from .trace import TraceRecorder, trace_kind
 from .ui import TokenPrinter, spinner, stats_table, stderr_console
 
 EXIT_INTERRUPTED = 130
@@ -63,10 +66,15 @@ def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
 @click.option("--system", help="System message for --chat.")
 @click.option("--plain", is_flag=True, help="No colours.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@view_options
+@click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
+              "to open or share) or FILE.json (the per-round records).")
 @pass_options
 def generate(opts: dict[str, Any]) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
     err = stderr_console(plain=opts["plain"])
+    if opts["trace"]:
+        check_trace_path(opts["trace"])
     text = read_prompt(opts["prompt"])
     decoder, settings = open_decoder(opts, err)
     settings.stop = tuple(opts["stop"])
@@ -74,7 +82,13 @@ def generate(opts: dict[str, Any]) -> None:
         # Drawn here and recorded (--json, the stats), so any run can be repeated.
         settings.sampling = dataclasses.replace(settings.sampling, seed=secrets.randbits(31))
     tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
-    printer = None if opts["as_json"] else TokenPrinter(color=False if opts["plain"] else None)
+    printer: TokenPrinter | LiveDrafts | None = None
+    if not opts["as_json"]:
+        plain = TokenPrinter(color=False if opts["plain"] else None)
+        live = plain.color and (opts["show_drafts"] or opts["pace"])
+        printer = LiveDrafts(plain.out, decoder.target.piece, pace_ms=opts["pace"]) if live \
+            else plain
+    recorder = TraceRecorder(decoder.target.piece, settings.as_dict()) if opts["trace"] else None
     stream = decoder.stream(
         tokens,
         max_tokens=settings.max_tokens,
@@ -88,6 +102,8 @@ def generate(opts: dict[str, Any]) -> None:
     meter.start()
     try:
         for event in stream:
+            if recorder is not None:
+                recorder.feed(event)
             if printer is not None:
                 printer.show(event)
             if isinstance(event, Finished):
@@ -96,6 +112,8 @@ def generate(opts: dict[str, Any]) -> None:
         interrupted = True
     finally:
         stream.close()
+        if printer is not None:
+            printer.close()
     busy = meter.stop()
     result = stream.result
     if result is None:  # interrupted while the prompt was read: nothing to report
@@ -130,8 +148,20 @@ def generate(opts: dict[str, Any]) -> None:
         printer.out.flush()
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
                               comparison=comparison, busy=busy))
+    if recorder is not None:
+        recorder.finish(result)
+        kind = recorder.save(opts["trace"])
+        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
     decoder.close()
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def check_trace_path(path: str) -> None:
+    """Before loading anything: a name the trace can be written as, in a folder that exists."""
+    trace_kind(path)
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise InvalidParameterError(f"cannot write the trace {path}: no folder {folder}")
 
 

@@ -105,6 +105,27 @@ def sampling_options(f: F) -> F:
     return _apply(f, [*(setting_option(n) for n in LIVE_SETTINGS), RECALIBRATE_OPTION])
 
 
+def view_options(f: F) -> F:
+    """How replies are shown: the live drafts view of the seed demo. Display only, so
+    not in the settings table (the engine never renders)."""
+    return _apply(f, [
+        click.option(
+            "--show-drafts",
+            is_flag=True,
+            help="On a terminal, show each round's drafts as they are proposed (blue), then "
+            "the verdict: accepted green, rejected struck through, the target's token yellow.",
+        ),
+        click.option(
+            "--pace",
+            type=click.IntRange(min=0),
+            default=0,
+            metavar="MS",
+            help="Pause MS milliseconds after the drafts appear and after each verdict, to "
+            "follow it by eye (implies --show-drafts; timings then include the pauses).",
+        ),
+    ])
+
+
 @dataclass
 class RunSettings:
     """Every setting of a run, resolved; what --json reports and /set changes."""

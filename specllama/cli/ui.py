@@ -24,6 +24,7 @@ from ..policy.cpumeter import BUSY_WARN
 
 ACCEPTED = "green"
 TARGET = "yellow"
+PENDING = "blue"  # drafts awaiting the verdict (liveview)
 
 
 def stderr_console(*, plain: bool = False) -> Console:
@@ -64,7 +65,10 @@ class TokenPrinter:
         elif isinstance(event, TextFlushed):
             self._write(event.text, None)
         elif isinstance(event, DraftProposed):
-            pass  # drafts appear only once verified: printing then erasing them would flicker
+            pass  # plain output shows verified text only; liveview.LiveDrafts shows drafts
+
+    def close(self) -> None:
+        """Nothing waits to be drawn here (`liveview.LiveDrafts` has a tail to clear)."""
 
     def _write(self, text: str, style: str | None) -> None:
         if not text:

@@ -8,7 +8,7 @@ describes it. Invariant between rounds: both KV caches hold exactly
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from .events import (
     FinishReason,
     GenerationResult,
     PromptEvaluated,
+    RoundVerified,
     TargetKind,
     TargetToken,
     TextFlushed,
@@ -269,6 +270,7 @@ class SpeculativeDecoder:
                     break
                 limit = min(remaining - 1, room)
                 draft_s0_round, target_s0_round = self._draft_s(), target.decode_s
+                t_round = time.perf_counter()
 
                 def choose_k(source: str, lim: int = limit) -> int:
                     return min(policy.choose(source), lim)
@@ -284,13 +286,12 @@ class SpeculativeDecoder:
 
                 # Verify: one target pass over [last, d1..dk] gives p_1..p_{k+1}.
                 target.decode([committed[-1], *draft.tokens], "all" if draft.tokens else "last")
+                seen = _Seen(draft.tokens, draft.qs, target.logits_row, params)
                 if params.greedy:
-                    m, x = verify_greedy(
-                        lambda i: int(np.argmax(target.logits_row(i))), draft.tokens
-                    )
+                    m, x = verify_greedy(seen.argmax, draft.tokens)
                 else:
                     m, x = verify(
-                        lambda i: probabilities(target.logits_row(i), params),
+                        seen.probs,
                         draft.tokens,
                         draft.qs,
                         rng,
@@ -344,13 +345,18 @@ class SpeculativeDecoder:
                     yield TokensAccepted(tuple(emitted[:n_accepted_kept]), released)
                 elif released:  # text held back in earlier rounds, released by the stop
                     yield TextFlushed(released)
+                kind: TargetKind = (
+                    "plain" if not draft.tokens else ("bonus" if m == k else "correction")
+                )
                 if len(emitted) > n_drafted_emitted:
-                    kind: TargetKind = (
-                        "plain" if not draft.tokens else ("bonus" if m == k else "correction")
-                    )
                     yield TargetToken(x, released_x, kind)
                 elif released_x:
                     yield TextFlushed(released_x)
+                yield RoundVerified(
+                    tuple(draft.tokens), m, x, kind, len(emitted), tuple(seen.p), seen.q,
+                    draft.source, self._draft_s() - draft_s0_round,
+                    target.decode_s - target_s0_round, time.perf_counter() - t_round,
+                )
         except GeneratorExit:
             finish = "interrupted"
             raise
@@ -386,3 +392,31 @@ def tokens_covering(model: Model, tokens: list[int], n_chars: int) -> int:
         if len(model.detokenize(tokens[:j])) >= n_chars:
             return j
     return len(tokens)
+
+
+class _Seen:
+    """Reads the target's rows for verify() and keeps, for RoundVerified, q_i(d_i) and
+    p_i(d_i) of each row read (None where none is). Greedy p is one-hot: 1 where d_i is
+    the target's argmax, else 0."""
+
+    def __init__(self, drafts: list[int], qs: list[np.ndarray | None],
+                 logits_row: Callable[[int], np.ndarray], params: SamplingParams) -> None:
+        self.drafts = drafts
+        self._logits_row = logits_row
+        self._params = params
+        self.p: list[float | None] = [None] * len(drafts)
+        self.q = tuple(1.0 if q is None else float(q[d]) for d, q in zip(drafts, qs))
+
+    def probs(self, i: int) -> np.ndarray:
+        """p_i, the target's processed distribution at row i."""
+        p = probabilities(self._logits_row(i), self._params)
+        if i < len(self.drafts):
+            d = self.drafts[i]  # an id only the draft has: p = 0 (engine/sampling.py)
+            self.p[i] = float(p[d]) if d < p.shape[0] else 0.0
+        return p
+
+    def argmax(self, i: int) -> int:
+        best = int(np.argmax(self._logits_row(i)))
+        if i < len(self.drafts):
+            self.p[i] = 1.0 if best == self.drafts[i] else 0.0
+        return best

@@ -62,6 +62,27 @@ class TargetToken:
 
 
 @dataclass(frozen=True)
+class RoundVerified:
+    """One round's verdict, after its TokensAccepted/TargetToken: what live views and
+    traces need to show rejected drafts too. `p`/`q` are p_i(d_i) and q_i(d_i) for each
+    draft token (greedy: one-hot); p is None after the first rejection, where the
+    target's row is never read. `emitted` is less than accepted + 1 when an
+    end-of-generation token ended the round early."""
+
+    drafted: tuple[int, ...]
+    accepted: int
+    token: int
+    kind: Literal["correction", "bonus", "plain"]
+    emitted: int
+    p: tuple[float | None, ...]
+    q: tuple[float, ...]
+    source: Literal["model", "lookup"]
+    draft_s: float  # inside the draft model's decode calls this round
+    target_s: float  # inside the target's decode call this round
+    seconds: float  # wall time of the round
+
+
+@dataclass(frozen=True)
 class TextFlushed:
     """Text held back until the end (a possible stop-string prefix, a partial character)."""
 
@@ -73,4 +94,7 @@ class Finished:
     result: GenerationResult
 
 
-Event = PromptEvaluated | DraftProposed | TokensAccepted | TargetToken | TextFlushed | Finished
+Event = (
+    PromptEvaluated | DraftProposed | TokensAccepted | TargetToken | RoundVerified | TextFlushed
+    | Finished
+)

@@ -58,3 +58,26 @@ class TextStream:
         self._held = candidate[len(candidate) - hold :]
         self.text += out
         return out
+
+
+class TokenTexts:
+    """Each token's own share of the text, for views that show tokens one by one: a
+    character split across tokens shows with the token that completes it."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self._piece = piece
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, tokens: Sequence[int]) -> list[str]:
+        """Texts of tokens that are now part of the output."""
+        return [self._utf8.decode(self._piece(t)) for t in tokens]
+
+    def peek(self, tokens: Sequence[int]) -> list[str]:
+        """Texts of tokens that may follow (drafts), leaving the output as it was."""
+        state = self._utf8.getstate()
+        out = self.take(tokens)
+        self._utf8.setstate(state)
+        return out
+
+    def reset(self) -> None:
+        self._utf8.reset()

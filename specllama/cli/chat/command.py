@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..options import model_options, open_decoder, pass_options, sampling_options
+from ..options import model_options, open_decoder, pass_options, sampling_options, view_options
 from ..ui import stderr_console
 from .repl import ChatREPL
 from .session import ChatSession
@@ -18,6 +18,7 @@ from .session import ChatSession
 @sampling_options
 @click.option("--system", metavar="TEXT", help="System prompt for the conversation.")
 @click.option("--plain", is_flag=True, help="No colours.")
+@view_options
 @pass_options
 def chat_command(opts: dict[str, Any]) -> None:
     """Chat with the model pair: replies stream as they are verified.
@@ -31,7 +32,8 @@ def chat_command(opts: dict[str, Any]) -> None:
         session = ChatSession(decoder, settings, system=opts.get("system"))
         interactive = sys.stdin.isatty()
         color = False if opts.get("plain") else None  # None: on a terminal, unless NO_COLOR
-        code = ChatREPL(session, err=err, color=color, interactive=interactive).run()
+        code = ChatREPL(session, err=err, color=color, interactive=interactive,
+                        show_drafts=opts["show_drafts"], pace_ms=opts["pace"]).run()
     finally:
         decoder.close()
     if code:

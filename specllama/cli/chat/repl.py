@@ -14,11 +14,19 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
-from ...engine.events import Finished, TargetToken, TextFlushed, TokensAccepted
+from ...engine.events import (
+    DraftProposed,
+    Finished,
+    RoundVerified,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
 from ...engine.settings import LIVE_SETTINGS
 from ...errors import InvalidParameterError, SpecLlamaError
 from ...policy.compare import compare_with_target
 from ...policy.cpumeter import CpuMeter
+from ..liveview import LiveDrafts
 from ..ui import TokenPrinter, stats_footer, stats_table, stderr_console
 from .session import ChatSession, HistoryTrimmed
 
@@ -26,9 +34,11 @@ HELP = [
     ("/help", "this list"),
     ("/reset", "start a new conversation"),
     ("/stats", "totals of this session"),
-    ("/set [NAME VALUE]", "show settings, or change one: " + ", ".join(LIVE_SETTINGS)),
+    ("/set [NAME VALUE]", "show settings, or change one: " + ", ".join(LIVE_SETTINGS)
+     + ", show_drafts (on/off), pace (ms)"),
     ("/system [TEXT|-]", "show, set or ('-') remove the system prompt"),
-    ("/save FILE", "save the conversation (FILE.json: JSON, else Markdown)"),
+    ("/save FILE", "save the conversation (FILE.json: JSON, FILE.html: trace page, "
+                   "else Markdown)"),
     ("/exit", "quit (also /quit, Ctrl-D)"),
 ]
 COMMANDS = ("help", "reset", "stats", "set", "system", "save", "exit", "quit")
@@ -69,6 +79,8 @@ class ChatREPL:
         err: Console | None = None,
         color: bool | None = None,
         interactive: bool = False,
+        show_drafts: bool = False,
+        pace_ms: int = 0,
     ) -> None:
         self.session = session
         self.out = out or sys.stdout
@@ -76,6 +88,8 @@ class ChatREPL:
         self.color = color
         self.interactive = interactive
         self._told_off = False  # said once that speculation is off, and why
+        self.show_drafts = show_drafts  # display settings: /set show_drafts, /set pace
+        self.pace_ms = pace_ms
 
     # ----------------------------------------------------------------- input
     def lines(self) -> Iterator[str | None]:
@@ -172,7 +186,10 @@ class ChatREPL:
     def answer(self, text: str) -> bool:
         """One reply, rendered; False when a piped run was interrupted (stop there)."""
         session = self.session
-        printer = TokenPrinter(self.out, color=self.color)
+        plain = TokenPrinter(self.out, color=self.color)
+        printer: TokenPrinter | LiveDrafts = plain
+        if plain.color and (self.show_drafts or self.pace_ms):
+            printer = LiveDrafts(self.out, session.decoder.target.piece, pace_ms=self.pace_ms)
         try:
             events = session.reply(text)
         except SpecLlamaError as exc:
@@ -205,6 +222,8 @@ class ChatREPL:
                         event = dataclasses.replace(event, text=stripped)
                         started = True
                     printer.show(event)
+                elif isinstance(event, (DraftProposed, RoundVerified)):
+                    printer.show(event)
                 elif isinstance(event, Finished):
                     pass
         except KeyboardInterrupt:
@@ -214,9 +233,11 @@ class ChatREPL:
         except SpecLlamaError as exc:
             with _sigint_deferred():
                 events.close()
+            printer.close()
             self._end_line(printer)
             self.error(exc)
             return True
+        printer.close()
         self._end_line(printer)
         busy = meter.stop()
         turn = session.last_turn
@@ -237,7 +258,7 @@ class ChatREPL:
                                 style="yellow"))
         return self.interactive or not interrupted
 
-    def _end_line(self, printer: TokenPrinter) -> None:
+    def _end_line(self, printer: TokenPrinter | LiveDrafts) -> None:
         if printer.printed and not printer.printed.endswith("\n"):
             self.out.write("\n")
         elif not printer.printed:
@@ -304,14 +325,32 @@ class ChatREPL:
     def cmd_set(self, arg: str) -> None:
         if not arg:
             values = self.session.settings.as_dict()
-            for name in LIVE_SETTINGS:
+            values.update(show_drafts="on" if self.show_drafts else "off", pace=self.pace_ms)
+            for name in (*LIVE_SETTINGS, "show_drafts", "pace"):
                 self.err.print(Text.assemble((f"{name:12}", "dim"), str(values[name])))
             return
         name, _, value = arg.partition(" ")
         if "=" in name and not value:
             name, _, value = name.partition("=")
+        if name.lower().replace("-", "_") in ("show_drafts", "pace"):
+            self.set_view(name.lower().replace("-", "_"), value.strip())
+            return
         key, parsed = self.session.set(name, value)
         self.err.print(Text(f"{key} = {parsed}", style="dim"))
+
+    def set_view(self, name: str, value: str) -> None:
+        """The REPL's own display settings: not in the settings table, which holds what
+        the engine uses (the session never sees these)."""
+        if name == "pace":
+            if not value.isdigit():
+                raise InvalidParameterError(f"pace: expected milliseconds >= 0, got {value!r}")
+            self.pace_ms = int(value)
+        elif value.lower() in ("on", "off", "true", "false", "1", "0"):
+            self.show_drafts = value.lower() in ("on", "true", "1")
+        else:
+            raise InvalidParameterError(f"show_drafts: expected on or off, got {value!r}")
+        shown = self.pace_ms if name == "pace" else ("on" if self.show_drafts else "off")
+        self.err.print(Text(f"{name} = {shown}", style="dim"))
 
     def cmd_system(self, arg: str) -> None:
         s = self.session

@@ -33,6 +33,7 @@ from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
 from ..options import RunSettings
+from ..trace import TraceRecorder
 from .transcript import save_transcript, transcript
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
@@ -136,6 +137,7 @@ class ChatSession:
         self.template: str | None = decoder.target.chat_template()
         self.fold_system = False  # template rejects the system role: prepend to 1st user
         self.notice: str | None = None  # one line for the user about the template
+        self.trace = TraceRecorder(decoder.target.piece)  # for /save FILE.html
         self._check_template()
 
     # ------------------------------------------------------------- templates
@@ -294,6 +296,7 @@ class ChatSession:
         self.last_turn = turn
         s = self.settings
         stream: GenerationStream | None = None
+        self.trace.begin(pending.content)
         try:
             stream = self.decoder.stream(
                 tokens,
@@ -307,6 +310,7 @@ class ChatSession:
             if trimmed is not None:
                 yield trimmed
             for event in stream:
+                self.trace.feed(event)
                 if isinstance(event, PromptEvaluated):
                     turn.reused = event.reused
                     turn.prompt_evaluated = {
@@ -329,6 +333,7 @@ class ChatSession:
         if result is None:
             # Stopped (or failed) before the first token: the turn never happened.
             self.messages.pop()
+            self.trace.generations.pop()
             for model in (target, self.decoder.draft):
                 if model is not None:
                     model.sync_to(self.committed[:-1])
@@ -342,6 +347,7 @@ class ChatSession:
         else:
             content = target.detokenize(body)
             self._anchor = _Anchor(text, list(tokens), content, body)
+        self.trace.finish(result)
         # The message keeps the text stripped; the anchor matches either form.
         self.messages.append(Message("assistant", content.strip(), result.finish_reason))
         self.committed = list(tokens) + generated
@@ -374,6 +380,7 @@ class ChatSession:
         self.messages.clear()
         self.first_kept = 0
         self._anchor = None
+        self.trace.clear()
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
@@ -404,7 +411,11 @@ class ChatSession:
         return transcript(self)
 
     def save(self, path: str | Path) -> str:
-        """Write the transcript: JSON for *.json, Markdown otherwise. Returns the format."""
+        """Write the transcript: JSON for *.json, the trace page for *.html, Markdown
+        otherwise. Returns the format."""
+        if Path(path).suffix.lower() in (".html", ".htm"):
+            self.trace.settings = self.settings.as_dict()
+            return self.trace.save(Path(path).expanduser(), title="specllama chat")
         return save_transcript(self, path)
 
 

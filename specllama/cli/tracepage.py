@@ -1,0 +1,86 @@
+"""The trace page: one self-contained HTML file (inline CSS, JS and SVG; no network)
+in the seed demo's colours, rendered from a `TraceRecorder`."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+if TYPE_CHECKING:
+    from .trace import TraceRecorder, TraceToken
+
+_CSS = {"accepted": "accepted", "target": "corrected", "rejected": "rejected"}
+_TARGET_KIND = {"correction": "correction after a rejection", "bonus": "bonus after a fully "
+                "accepted draft", "plain": "plain step (no draft)"}
+
+
+def _prob(name: str, value: float | None) -> str:
+    return f"{name} not evaluated (after the first rejection)" if value is None else (
+        f"{name} {value:.3f}")
+
+
+def _chip(c: TraceToken) -> dict[str, Any]:
+    if c.kind == "target":
+        title = f"round {c.round} · from the target: {_TARGET_KIND.get(c.target_kind or '', '')}"
+    else:
+        verdict = "accepted" if c.kind == "accepted" else "rejected"
+        title = (f"round {c.round} · draft position {c.position} · {verdict} · "
+                 f"{_prob('p', c.p)} · {_prob('q', c.q)}")
+    display = c.text.replace("\n", "↵").replace("\t", "→") or "∅"
+    return {
+        "kind": _CSS[c.kind],
+        "css": _CSS[c.kind] + ("" if c.text else " empty"),
+        "round": c.round,
+        "title": title + ("" if c.text else " · no text (e.g. end of generation)"),
+        "display": display,
+        "newline": c.kind != "rejected" and c.text.endswith("\n"),
+    }
+
+
+def render_page(recorder: TraceRecorder, *, title: str = "specllama trace",
+                meta: str | None = None) -> str:
+    """The page; `meta` (one line about the run) defaults to one from the settings."""
+    if meta is None:
+        meta = trace_meta(recorder.settings) if recorder.settings else ""
+    stats = recorder.totals
+    bars = []
+    for i, (rate, reached) in enumerate(zip(stats.acceptance_by_position, stats.reached_at)):
+        bars.append({
+            "x": 10 + i * 46,
+            "height": round(100 * rate, 1),
+            "pct": f"{rate:.0%}",
+            "position": i + 1,
+            "title": f"position {i + 1}: {stats.accepted_at[i]} of {reached} accepted",
+        })
+    summary = (f"{stats.accepted} of {stats.drafted} drafts accepted "
+               f"({stats.acceptance_rate:.1%}); {stats.tokens_per_s:.1f} tok/s; "
+               f"time: target {stats.target_s:.2f} s, draft {stats.draft_s:.2f} s, "
+               f"total {stats.generate_s:.2f} s")
+    template = jinja2.Environment(autoescape=True).from_string(
+        resources.files("specllama.cli").joinpath("templates/trace.html").read_text("utf-8")
+    )
+    return template.render(
+        title=title,
+        meta=meta,
+        stats=stats,
+        tokens_per_step=f"{stats.tokens_per_step:.2f}×" if stats.target_steps else "—",
+        generations=[{"label": g.label, "chips": [_chip(c) for c in g.chips]}
+                     for g in recorder.generations],
+        bars=bars,
+        chart_width=20 + 46 * max(len(bars), 1),
+        summary=summary,
+    )
+
+
+def trace_meta(settings: dict[str, Any]) -> str:
+    """The trace page's one line about the run."""
+    models = Path(settings["target"]).name
+    if settings["draft"]:
+        models += " + " + (settings["draft"] if settings["draft"] == "lookup"
+                           else Path(settings["draft"]).name)
+    return (f"{models} · temperature {settings['temperature']:g} · draft_max "
+            f"{settings['draft_max']} · draft_mode {settings['draft_mode']}"
+            + (f" · seed {settings['seed']}" if settings["seed"] is not None else ""))
