@@ -3,6 +3,7 @@ read back from real headless Chromium."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -256,3 +257,37 @@ def test_a_stopped_run_still_adds_up(tiny, tmp_path):
     assert len(gen["rounds"]) == printed["stats"]["target_steps"]
     assert sum(r["accepted"] for r in gen["rounds"]) == printed["stats"]["accepted"]
     assert gen["text"] == printed["text"] and "e" not in gen["text"]
+
+
+def test_drafts_only_the_draft_model_can_spell(tiny_model_factory):
+    # An uneven pair: the draft's vocabulary has ids the target lacks. A rejected draft
+    # of one must still show (the target's llama.cpp would abort on its id).
+    from conftest import DRAFT_NOISE
+    from specllama.liveview import LiveDrafts
+    from specllama.trace import token_piece
+
+    dec = SpeculativeDecoder.load(
+        tiny_model_factory(seed=0),
+        tiny_model_factory(seed=0, noise=DRAFT_NOISE, noise_seed=1, extra_tokens=64),
+        n_ctx=256, n_threads=1,
+    )
+    try:
+        recorder = TraceRecorder(token_piece(dec))
+        foreign = []
+        for seed in range(200):
+            view = LiveDrafts(io.StringIO(), token_piece(dec), width=40)
+            for event in dec.stream("the cat sat on the", max_tokens=3, draft_max=3,
+                                    sampling=SamplingParams(temperature=1.0, seed=seed)):
+                recorder.feed(event)
+                view.show(event)
+            view.close()
+            foreign = [t for r in recorder.generations[-1].rounds for t in r["drafted"]
+                       if t >= dec.target.n_vocab]
+            if foreign:
+                break
+        assert foreign, "no draft-only id was proposed"
+        rounds = recorder.generations[-1].rounds
+        assert all(r["drafted"].index(t) >= r["accepted"] for r in rounds for t in foreign
+                   if t in r["drafted"])  # the target never accepts an id it lacks
+    finally:
+        dec.close()

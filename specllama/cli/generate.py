@@ -18,7 +18,7 @@ from ..policy.compare import compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
 from .liveview import LiveDrafts
 from .options import model_options, open_decoder, pass_options, sampling_options, view_options
-from .trace import TraceRecorder, trace_kind
+from .trace import TraceRecorder, token_piece, trace_kind
 from .ui import TokenPrinter, spinner, stats_table, stderr_console
 
 EXIT_INTERRUPTED = 130
@@ -86,9 +86,9 @@ def generate(opts: dict[str, Any]) -> None:
     if not opts["as_json"]:
         plain = TokenPrinter(color=False if opts["plain"] else None)
         live = plain.color and (opts["show_drafts"] or opts["pace"])
-        printer = LiveDrafts(plain.out, decoder.target.piece, pace_ms=opts["pace"]) if live \
+        printer = LiveDrafts(plain.out, token_piece(decoder), pace_ms=opts["pace"]) if live \
             else plain
-    recorder = TraceRecorder(decoder.target.piece, settings.as_dict()) if opts["trace"] else None
+    recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if opts["trace"] else None
     stream = decoder.stream(
         tokens,
         max_tokens=settings.max_tokens,

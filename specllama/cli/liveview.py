@@ -13,8 +13,10 @@ row, the cursor waits in the last column until the next character).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from rich.cells import get_character_cell_size
@@ -79,21 +81,25 @@ class LiveDrafts:
     # ------------------------------------------------------------------ events
     def show(self, event: Event) -> None:
         if isinstance(event, DraftProposed):
-            self._erase()
-            self._write_unwritten()
-            cells: list[Piece] = [(t, PENDING) for t in self._texts.peek(event.tokens)]
-            self._draw(cells)
+            with _ctrl_c_after():
+                self._erase()
+                self._write_unwritten()
+                self._draw([(t, PENDING) for t in self._texts.peek(event.tokens)])
             self._pause()
         elif isinstance(event, TokensAccepted):
             self._unwritten.append((event.text, ACCEPTED))
         elif isinstance(event, TargetToken):
             self._target = (event.text, TARGET)
         elif isinstance(event, TextFlushed):
-            self._erase()
-            self._unwritten.append((event.text, None))
-            self._write_unwritten()
+            with _ctrl_c_after():
+                self._erase()
+                self._unwritten.append((event.text, None))
+                self._write_unwritten()
         elif isinstance(event, RoundVerified):
-            self._verdict(event)
+            with _ctrl_c_after():
+                self._verdict(event)
+            if event.drafted:
+                self._pause()
 
     def _verdict(self, ev: RoundVerified) -> None:
         shown = min(ev.accepted, ev.emitted)
@@ -110,17 +116,16 @@ class LiveDrafts:
         if target is not None:
             self._unwritten.append(target)  # written for real when this tail goes
         self._draw(rejected + ([target] if target else []))
-        if ev.drafted:
-            self._pause()
 
     def close(self) -> None:
         """Leave only the verified text on screen (the cursor where it ends)."""
-        self._erase()
-        self._write_unwritten()
-        if self._hidden_cursor:
-            self.out.write("\x1b[?25h")
-            self._hidden_cursor = False
-        self.out.flush()
+        with _ctrl_c_after():
+            self._erase()
+            self._write_unwritten()
+            if self._hidden_cursor:
+                self.out.write("\x1b[?25h")
+                self._hidden_cursor = False
+            self.out.flush()
 
     # ----------------------------------------------------------------- drawing
     def _pause(self) -> None:
@@ -212,3 +217,23 @@ class LiveDrafts:
             right = f"\x1b[{self.width - w}C" if self.width > w else ""
             self.out.write("\x1b[1A" + right + self._styled(text, style))
         self._tail_rows = None
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (or SIGTERM, which the CLI turns into one) while the screen is redrawn
+    takes effect once it is done: a half-drawn tail could not be found to erase."""
+    caught: list[int] = []
+    try:
+        previous = {sig: signal.signal(sig, lambda n, _f: caught.append(n))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals go elsewhere anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    if any(previous[signal.Signals(sig)] is not signal.SIG_IGN for sig in caught):
+        raise KeyboardInterrupt

@@ -11,12 +11,15 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..engine.events import Event, Finished, GenerationResult, RoundVerified
 from ..engine.stats import Stats
 from ..engine.textstream import TokenTexts
 from ..errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from ..engine.decoder import SpeculativeDecoder
 
 TRACE_FORMAT = "specllama-trace/1"
 ChipKind = Literal["accepted", "rejected", "target"]
@@ -160,6 +163,19 @@ class TraceRecorder:
         except OSError as exc:
             raise InvalidParameterError(f"cannot write {path}: {exc.strerror or exc}") from None
         return kind
+
+
+def token_piece(decoder: SpeculativeDecoder) -> Callable[[int], bytes]:
+    """Text of any token a round may show: the target's, or for an id only the draft's
+    vocabulary has (a rejected draft of an uneven pair) the draft model's."""
+    target, draft = decoder.target, decoder.draft
+
+    def piece(token: int) -> bytes:
+        if token < target.n_vocab:
+            return target.piece(token)
+        return draft.piece(token) if draft is not None and token < draft.n_vocab else b""
+
+    return piece
 
 
 def trace_kind(path: str | Path) -> Literal["HTML", "JSON"]:

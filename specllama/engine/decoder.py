@@ -405,14 +405,13 @@ class _Seen:
         self._logits_row = logits_row
         self._params = params
         self.p: list[float | None] = [None] * len(drafts)
-        self.q = tuple(1.0 if q is None else float(q[d]) for d, q in zip(drafts, qs))
+        self.q = tuple(1.0 if q is None else _at(q, d) for d, q in zip(drafts, qs))
 
     def probs(self, i: int) -> np.ndarray:
         """p_i, the target's processed distribution at row i."""
         p = probabilities(self._logits_row(i), self._params)
         if i < len(self.drafts):
-            d = self.drafts[i]  # an id only the draft has: p = 0 (engine/sampling.py)
-            self.p[i] = float(p[d]) if d < p.shape[0] else 0.0
+            self.p[i] = _at(p, self.drafts[i])
         return p
 
     def argmax(self, i: int) -> int:
@@ -420,3 +419,8 @@ class _Seen:
         if i < len(self.drafts):
             self.p[i] = 1.0 if best == self.drafts[i] else 0.0
         return best
+
+
+def _at(dist: np.ndarray, token: int) -> float:
+    """dist(token); 0 for an id beyond it (pairs whose vocabularies differ in size)."""
+    return float(dist[token]) if token < dist.shape[0] else 0.0

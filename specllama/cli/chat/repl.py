@@ -27,6 +27,7 @@ from ...errors import InvalidParameterError, SpecLlamaError
 from ...policy.compare import compare_with_target
 from ...policy.cpumeter import CpuMeter
 from ..liveview import LiveDrafts
+from ..trace import token_piece
 from ..ui import TokenPrinter, stats_footer, stats_table, stderr_console
 from .session import ChatSession, HistoryTrimmed
 
@@ -189,7 +190,7 @@ class ChatREPL:
         plain = TokenPrinter(self.out, color=self.color)
         printer: TokenPrinter | LiveDrafts = plain
         if plain.color and (self.show_drafts or self.pace_ms):
-            printer = LiveDrafts(self.out, session.decoder.target.piece, pace_ms=self.pace_ms)
+            printer = LiveDrafts(self.out, token_piece(session.decoder), pace_ms=self.pace_ms)
         try:
             events = session.reply(text)
         except SpecLlamaError as exc:

@@ -33,7 +33,7 @@ from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
 from ..options import RunSettings
-from ..trace import TraceRecorder
+from ..trace import TraceRecorder, token_piece
 from .transcript import save_transcript, transcript
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
@@ -137,7 +137,7 @@ class ChatSession:
         self.template: str | None = decoder.target.chat_template()
         self.fold_system = False  # template rejects the system role: prepend to 1st user
         self.notice: str | None = None  # one line for the user about the template
-        self.trace = TraceRecorder(decoder.target.piece)  # for /save FILE.html
+        self.trace = TraceRecorder(token_piece(decoder))  # for /save FILE.html
         self._check_template()
 
     # ------------------------------------------------------------- templates
