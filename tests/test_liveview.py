@@ -59,7 +59,7 @@ def final_rows(raw: str, rows: int, cols: int) -> list[str]:
 
 def test_show_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
     pexpect = pytest.importorskip("pexpect")
-    rows, cols = 30, 50
+    rows, cols = 60, 50  # the text, then the stats panel, all on one screen
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env.update(TERM="xterm", SPECLLAMA_CACHE_DIR=str(tmp_path / "cache"))
     trace = tmp_path / "run.json"

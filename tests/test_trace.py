@@ -263,8 +263,9 @@ def test_drafts_only_the_draft_model_can_spell(tiny_model_factory):
     # An uneven pair: the draft's vocabulary has ids the target lacks. A rejected draft
     # of one must still show (the target's llama.cpp would abort on its id).
     from conftest import DRAFT_NOISE
-    from specllama.liveview import LiveDrafts
-    from specllama.trace import token_piece
+
+    from specllama.cli.liveview import LiveDrafts
+    from specllama.cli.trace import token_piece
 
     dec = SpeculativeDecoder.load(
         tiny_model_factory(seed=0),

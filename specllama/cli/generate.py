@@ -120,6 +120,10 @@ def generate(opts: dict[str, Any]) -> None:
         decoder.close()
         click.echo("specllama: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    if printer is not None:  # end the text's line before anything goes to the terminal
+        if printer.printed and not printer.printed.endswith("\n"):
+            printer.out.write("\n")
+        printer.out.flush()
     if result.stats.drafted and needs_measuring(decoder):
         with spinner(err, "measuring the target's step cost, to compare with (kept for next "
                      "time)"):
@@ -143,9 +147,6 @@ def generate(opts: dict[str, Any]) -> None:
             )
         )
     elif printer is not None:
-        if printer.printed and not printer.printed.endswith("\n"):
-            printer.out.write("\n")
-        printer.out.flush()
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
                               comparison=comparison, busy=busy))
     if recorder is not None:
