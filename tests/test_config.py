@@ -414,6 +414,15 @@ STRUCTURE_ERRORS = [
         "pairs.qwen7b.target.path: must be a path string, got integer 1",
     ),
     (
+        '[pairs.qwen7b]\ntarget = { path = "t.gguf", quant = "Q3" }\ndraft = "d.gguf"\n',
+        'pairs.qwen7b.target.quant: unknown quantization "Q3"; expected one of: '
+        + ", ".join(DERIVE_QUANTS),
+    ),
+    (
+        '[pairs.qwen7b]\ntarget = { path = "t.gguf", quant = 32 }\ndraft = "d.gguf"\n',
+        "pairs.qwen7b.target.quant: must be a string, got integer 32",
+    ),
+    (
         '[pairs.qwen7b]\ntarget = "lookup"\ndraft = "d.gguf"\n',
         'pairs.qwen7b.target: "lookup" (prompt-lookup drafting) is only valid for draft',
     ),
@@ -432,9 +441,9 @@ STRUCTURE_ERRORS = [
         'got "../m.gguf"',
     ),
     (
-        '[pairs.qwen7b]\ntarget = { package = "p", file = "m.gguf", quant = "Q4_0" }\n'
-        'draft = "d.gguf"\n',
-        "pairs.qwen7b.target.quant: unknown key for a package source (expected: package, file)",
+        '[pairs.qwen7b]\ntarget = "t.gguf"\n'
+        'draft = { package = "p", file = "m.gguf", quant = "Q4_0" }\n',
+        "pairs.qwen7b.draft.quant: unknown key for a package source (expected: package, file)",
     ),
     (
         '[pairs.qwen7b]\ntarget = { derive = "target", quant = "Q4_0" }\ndraft = "d.gguf"\n',
@@ -443,7 +452,7 @@ STRUCTURE_ERRORS = [
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "target", quant = "Q3_K" }\n',
         'pairs.qwen7b.draft.quant: unknown quantization "Q3_K"; '
-        "expected one of: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, F16",
+        "expected one of: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, F16, F32",
     ),
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "target", quant = 4 }\n',

@@ -179,14 +179,14 @@ def test_lookup_draft_is_deterministic_q_and_respects_k():
     committed = [1, 2, 3, 4, 5, 6, 1, 2]
     asked = []
 
-    def choose_k(source):
+    def choose_k(source, match=0):
         asked.append(source)
         return 3
 
     d = s.propose(committed, choose_k, SamplingParams(), np.random.default_rng(0))
     assert d.tokens == [3, 4, 5] and d.qs == [None] * 3 and d.source == "lookup"
     assert asked == ["lookup"]
-    assert s.propose(committed, lambda _: 0, GREEDY, None).tokens == []
+    assert s.propose(committed, lambda _s, _m: 0, GREEDY, None).tokens == []
     no_match = s.propose([1, 2, 3], choose_k, GREEDY, None)
     assert no_match.tokens == [] and no_match.qs == []
     assert asked == ["lookup"]  # no match: the policy is not even asked
@@ -212,7 +212,7 @@ class FakeModelDraft:
         self.settled = 0
 
     def propose(self, committed, choose_k, params, rng):
-        k = choose_k("model")
+        k = choose_k("model", 0)
         self.proposed += 1
         return Draft([42] * k, [None] * k, "model")
 

@@ -23,7 +23,14 @@ import specllama
 from specllama.errors import DraftDerivationError, ModelLoadError
 from specllama.models import derive
 from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
-from specllama.models.sources import cache_dir, derived_path, resolve_pair, resolve_source
+from specllama.models.sources import (
+    cache_dir,
+    derived_path,
+    locations,
+    resolve_pair,
+    resolve_source,
+    source_status,
+)
 
 GGUF_BYTES = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(64))
 
@@ -525,3 +532,38 @@ def test_real_quantize_of_smollm2(cache):
     mtime = draft.stat().st_mtime_ns
     assert resolve_pair(pair) == (target, draft)  # reused, not made again
     assert draft.stat().st_mtime_ns == mtime
+
+
+# --------------------------------------------------------------------------- derived targets
+
+
+def test_a_target_with_quant_is_requantized_once_and_the_draft_derives_from_that(
+    fake, tmp_path, cache
+):
+    original = gguf(tmp_path / "models" / "target.Q4_1.gguf")
+    pair = pair_from_toml(
+        tmp_path,
+        """\
+        target = { path = "models/target.Q4_1.gguf", quant = "f32" }
+        draft = { derive = "target", quant = "Q4_0" }
+        """,
+    )
+    assert pair.target == ModelSource.from_path(original) and pair.target_quant == "F32"
+    assert source_status(pair) == (
+        "ready (the target is requantized to F32 on first use; the draft is derived on first use)"
+    )
+    messages: list[str] = []
+
+    target, draft = resolve_pair(pair, progress=messages.append)
+
+    assert target == derived_path(original, "F32")
+    assert target.read_bytes() == b"GGUF" + b"F32" + GGUF_BYTES
+    assert draft == derived_path(target, "Q4_0")
+    assert draft.read_bytes() == b"GGUF" + b"Q4_0" + b"GGUF" + b"F32" + GGUF_BYTES
+    assert [m.split(" (once")[0] for m in messages] == [
+        "deriving F32 target from target.Q4_1.gguf",
+        f"deriving Q4_0 draft from {target.name}",
+    ]
+    assert resolve_pair(pair) == (target, draft) and len(fake.calls) == 2  # made once
+    assert locations(pair) == (str(target), str(draft))
+    assert source_status(pair) == "ready"

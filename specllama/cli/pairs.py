@@ -36,8 +36,13 @@ def pairs_list(config_path: str | None) -> None:
     for name, pair in config.pairs.items():
         mark = " (default)" if name == config.default else ""
         click.echo(f"{name}{mark}: {source_status(pair)}; {_origin(pair)}")
-        click.echo(f"  target: {pair.target.describe()}")
+        click.echo(f"  target: {_target(pair)}")
         click.echo(f"  draft:  {pair.draft.describe()}")
+
+
+def _target(pair: Pair) -> str:
+    quant = f", requantized to {pair.target_quant}" if pair.target_quant else ""
+    return pair.target.describe() + quant
 
 
 @pairs.command("show")
@@ -51,7 +56,7 @@ def pairs_show(name: str | None, config_path: str | None) -> None:
     click.echo(f"pair:        {pair.name}{' (default)' if pair.name == config.default else ''}")
     if pair.description:
         click.echo(f"description: {pair.description}")
-    click.echo(f"target:      {pair.target.describe()}")
+    click.echo(f"target:      {_target(pair)}")
     click.echo(f"  file:      {target_at}")
     if pair.target_rpc:
         click.echo(f"target on:   rpc {', '.join(pair.target_rpc)}")

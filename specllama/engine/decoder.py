@@ -272,8 +272,8 @@ class SpeculativeDecoder:
                 draft_s0_round, target_s0_round = self._draft_s(), target.decode_s
                 t_round = time.perf_counter()
 
-                def choose_k(source: str, lim: int = limit) -> int:
-                    return min(policy.choose(source), lim)
+                def choose_k(source: str, match: int, lim: int = limit) -> int:
+                    return min(policy.choose(source, match), lim)
 
                 draft = (
                     strategy.propose(committed, choose_k, params, rng)
@@ -337,6 +337,7 @@ class SpeculativeDecoder:
                         k, m, draft.source,
                         target.decode_s - target_s0_round,
                         self._draft_s() - draft_s0_round,
+                        time.perf_counter() - t_round,
                     )
                 )
 
@@ -372,6 +373,7 @@ class SpeculativeDecoder:
             stats.target_s = target.decode_s - target_s0
             stats.draft_s = self._draft_s() - draft_s0
             stats.policy_note = policy.describe()
+            stats.predicted_speedup = policy.predicted_speedup()
             stats.tokens = len(generated)
             out.result = GenerationResult(
                 generated, text.text, finish or "interrupted", stats, n_prompt

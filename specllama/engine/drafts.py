@@ -28,7 +28,9 @@ class Draft:
     source: Literal["model", "lookup"] = "model"
 
 
-ChooseK = Callable[[str], int]  # source name -> draft length the policy allows now
+#: (source name, match length of a lookup draft or 0) -> the draft length the policy
+#: allows now
+ChooseK = Callable[[str, int], int]
 
 
 class DraftStrategy(Protocol):
@@ -39,7 +41,7 @@ class DraftStrategy(Protocol):
         params: SamplingParams,
         rng: np.random.Generator,
     ) -> Draft:
-        """Up to choose_k(source) tokens that may follow `committed`; an empty Draft
+        """Up to choose_k(source, match) tokens that may follow `committed`; an empty Draft
         when k is 0 (then nothing is decoded at all)."""
         ...
 
@@ -68,7 +70,7 @@ class ModelDraft:
         params: SamplingParams,
         rng: np.random.Generator,
     ) -> Draft:
-        k = choose_k("model")
+        k = choose_k("model", 0)
         if k <= 0:
             return Draft()
         m = self.model

@@ -28,11 +28,13 @@ class RoundOutcome:
     source: Source
     target_s: float  # target decode time of this round (one pass of k+1 tokens)
     draft_s: float  # draft model decode time of this round (0 for lookup)
+    seconds: float = 0.0  # wall time of the round (0: not measured)
 
 
 class DraftLengthPolicy(Protocol):
-    def choose(self, source: str = "model") -> int:
-        """Draft length for the next round from this source (0 = plain target step)."""
+    def choose(self, source: str = "model", match: int = 0) -> int:
+        """Draft length for the next round from this source (0 = plain target step);
+        `match`: how many tokens a lookup draft's match spans (its evidence)."""
         ...
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -41,6 +43,11 @@ class DraftLengthPolicy(Protocol):
 
     def describe(self) -> str:
         """One line for the stats: what the policy did and why."""
+        ...
+
+    def predicted_speedup(self) -> float | None:
+        """The speedup over the target alone a cost model expected of this call's
+        rounds (None: the policy has no cost model)."""
         ...
 
     def may_draft(self, source: str = "model") -> bool:
@@ -54,7 +61,7 @@ class FixedDraftLength:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose(self, source: str = "model") -> int:
+    def choose(self, source: str = "model", match: int = 0) -> int:
         return self.k
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -62,6 +69,9 @@ class FixedDraftLength:
 
     def describe(self) -> str:
         return "target alone (draft length 0)" if self.k == 0 else f"fixed draft length {self.k}"
+
+    def predicted_speedup(self) -> float | None:
+        return None
 
     def may_draft(self, source: str = "model") -> bool:
         return self.k > 0

@@ -183,6 +183,11 @@ class LookupDraft:
         self.index.sync(committed)
         return self.index.match() is not None
 
+    def match_length(self) -> int:
+        """How many tokens the current match spans (0 without one; after has_match)."""
+        found = self.index.match()
+        return found[1] if found is not None else 0
+
     def find(self, committed: Sequence[int], k: int) -> list[int]:
         """The lookup continuation of `committed` (at most k tokens; [] without a match)."""
         self.index.sync(committed)
@@ -202,7 +207,7 @@ class LookupDraft:
     ) -> Draft:
         if not self.has_match(committed):
             return Draft()
-        tokens = self.find(committed, choose_k("lookup"))
+        tokens = self.find(committed, choose_k("lookup", self.match_length()))
         return Draft(tokens, [None] * len(tokens), "lookup") if tokens else Draft()
 
     def settle(self, committed: list[int]) -> None:
@@ -213,8 +218,8 @@ class HybridDraft:
     """Lookup when the context has a match, the draft model otherwise.
 
     Each round: if the last tokens occurred before and the policy allows a
-    lookup draft now (`choose_k("lookup") > 0`), propose the lookup
-    continuation; else ask the model strategy (which asks `choose_k("model")`).
+    lookup draft now (`choose_k("lookup", match) > 0`), propose the lookup
+    continuation; else ask the model strategy (which asks `choose_k("model", 0)`).
     The policy sees the source of every round, so it learns what each source is
     worth on this machine and this text and can turn either off (k = 0).
 
@@ -237,7 +242,7 @@ class HybridDraft:
     ) -> Draft:
         self._model_drafted = False
         if self.lookup.has_match(committed):
-            k = choose_k("lookup")
+            k = choose_k("lookup", self.lookup.match_length())
             if k > 0:
                 tokens = self.lookup.find(committed, k)
                 if tokens:

@@ -24,6 +24,10 @@ class Stats:
     draft_s: float = 0.0  # inside the draft model's llama_decode during generation
     target_s: float = 0.0  # inside the target's llama_decode during generation
     policy_note: str = ""  # why the draft length was what it was, for the user
+    # The speedup over the target alone that auto's cost model expected of the rounds
+    # it chose (None for fixed draft lengths): set beside the measured one, it shows
+    # whether the model of this machine holds.
+    predicted_speedup: float | None = None
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
     def record_round(self, k: int, m: int, emitted: int) -> None:

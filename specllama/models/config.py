@@ -180,6 +180,7 @@ class _Loader:
             if required not in raw:
                 self.fail(_key("pairs", name, required), "required but missing")
         raw_target, target_rpc = self.target_rpc(raw["target"], ("pairs", name, "target"))
+        raw_target, target_quant = self.target_quant(raw_target, ("pairs", name, "target"))
         target = self.source(raw_target, ("pairs", name, "target"), role="target")
         draft = self.source(raw["draft"], ("pairs", name, "draft"), role="draft")
         defaults = self.defaults(raw.get("defaults", {}), ("pairs", name, "defaults"))
@@ -190,6 +191,7 @@ class _Loader:
             draft=draft,
             defaults=defaults,
             target_rpc=target_rpc,
+            target_quant=target_quant,
             config_path=self.path,
         )
 
@@ -208,6 +210,22 @@ class _Loader:
         if not normalized:
             self.fail(where, "must name at least one RPC server")
         return {k: v for k, v in raw.items() if k != "rpc"}, normalized
+
+    def target_quant(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
+        """A target table's `quant = "F32"` (the file requantized once), and the table
+        without it for `source`."""
+        if not isinstance(raw, dict) or "quant" not in raw or "derive" in raw:
+            return raw, None
+        quant = raw["quant"]
+        where = _key(*parts, "quant")
+        if not isinstance(quant, str):
+            self.fail(where, f"must be a string, {got(quant)}")
+        if quant.upper() not in DERIVE_QUANTS:
+            self.fail(
+                where,
+                f"unknown quantization {show(quant)}; expected one of: {', '.join(DERIVE_QUANTS)}",
+            )
+        return {k: v for k, v in raw.items() if k != "quant"}, quant.upper()
 
     # -- sources
 

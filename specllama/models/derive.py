@@ -87,7 +87,10 @@ def _quantize(src: Path, dst: Path, quant: str, n_threads: int | None) -> None:
     quantize(src, dst, quant, n_threads)
 
 
-def derive(target: Path, quant: str, *, n_threads: int | None, progress: Progress | None) -> Path:
+def derive(
+    target: Path, quant: str, *, n_threads: int | None, progress: Progress | None,
+    role: str = "draft",
+) -> Path:
     dst = derived_path(target, quant)
     if dst.is_file() and is_gguf(dst):
         return dst
@@ -109,7 +112,7 @@ def derive(target: Path, quant: str, *, n_threads: int | None, progress: Progres
                 with contextlib.suppress(OSError):
                     stale.unlink()
         if progress is not None:
-            progress(f"deriving {quant} draft from {target.name} (once; cached in {directory})")
+            progress(f"deriving {quant} {role} from {target.name} (once; cached in {directory})")
         try:
             fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".part", dir=directory)
         except OSError as exc:
@@ -123,7 +126,7 @@ def derive(target: Path, quant: str, *, n_threads: int | None, progress: Progres
                 if exc.errno in _UNWRITABLE:
                     raise _unwritable(directory, exc) from None
                 raise DraftDerivationError(
-                    f"deriving {quant} draft from {target} failed: {exc}"
+                    f"deriving {quant} {role} from {target} failed: {exc}"
                 ) from exc
             except DraftDerivationError as exc:
                 free = shutil.disk_usage(directory).free

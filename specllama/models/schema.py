@@ -17,8 +17,9 @@ from ..errors import ConfigError
 CONFIG_FILENAME = "models.toml"
 CONFIG_ENV_VAR = "SPECLLAMA_CONFIG"
 
-#: Quantization types a draft may be derived with (llama.cpp ftype names).
-DERIVE_QUANTS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16")
+#: Quantization types a model may be derived with (llama.cpp ftype names). F32 serves as a
+#: target: dequantized, a small model becomes bound by memory bandwidth like a laptop's 7B.
+DERIVE_QUANTS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16", "F32")
 #: The draft source string meaning "no draft model: prompt-lookup drafting".
 LOOKUP = "lookup"
 
@@ -214,6 +215,8 @@ class Pair:
     defaults: PairDefaults = field(default_factory=PairDefaults)
     #: HOST:PORT of llama.cpp RPC servers that hold the target (``target = { ..., rpc = [...] }``).
     target_rpc: tuple[str, ...] = ()
+    #: The target file requantized once to this type (``target = { ..., quant = "F32" }``).
+    target_quant: str | None = None
     #: The models.toml this pair came from (None for pairs built in code).
     config_path: Path | None = None
 

@@ -43,6 +43,7 @@ __all__ = [
     "locations",
     "pending_downloads",
     "resolve_pair",
+    "resolve_target",
     "resolve_source",
     "source_status",
 ]
@@ -146,7 +147,7 @@ def resolve_source(
             raise ValueError(
                 f"pair {pair.name!r}: cannot derive a draft from a {pair.target.kind} target"
             )
-        target = resolve_source(pair.target, pair=pair, progress=progress)
+        target = resolve_target(pair, n_threads=n_threads, progress=progress)
         return derive(target, source.quant, n_threads=n_threads, progress=progress)
 
     if source.kind == "lookup":
@@ -154,11 +155,22 @@ def resolve_source(
     raise ValueError(f"unknown source kind {source.kind!r}")  # pragma: no cover
 
 
+def resolve_target(
+    pair: Pair, *, n_threads: int | None = None, progress: Progress | None = None
+) -> Path:
+    """The target's file: its source, requantized once when the pair sets ``quant``."""
+    target = resolve_source(pair.target, pair=pair, progress=progress)
+    if pair.target_quant is None:
+        return target
+    return derive(target, pair.target_quant, n_threads=n_threads, progress=progress,
+                  role="target")
+
+
 def resolve_pair(
     pair: Pair, *, n_threads: int | None = None, progress: Progress | None = None
 ) -> tuple[Path, Path | None]:
     """``(target_path, draft_path)``; ``draft_path`` is None for a lookup draft."""
-    target = resolve_source(pair.target, pair=pair, progress=progress)
+    target = resolve_target(pair, n_threads=n_threads, progress=progress)
     if pair.draft.kind == "lookup":
         return target, None
     draft = resolve_source(pair.draft, pair=pair, n_threads=n_threads, progress=progress)
@@ -217,6 +229,12 @@ def locations(pair: Pair) -> tuple[str, str]:
             return f"missing: {exc}"
         if source == pair.target:
             target = found
+            if pair.target_quant is not None:
+                made = derived_path(found, pair.target_quant)
+                if not made.exists():
+                    target = None
+                    return f"{made} (made from {found} on first use)"
+                target = found = made
         return str(found)
 
     return where(pair.target), where(pair.draft)
@@ -232,8 +250,14 @@ def source_status(pair: Pair) -> str:
     needs: list[str] = []
     in_hf: list[str] = []
     derive_later = False
+    notes_first = ""
     try:
         target = _status_file(pair.target, pair, needs, in_hf)
+        if target is not None and pair.target_quant is not None:
+            made = derived_path(target, pair.target_quant)
+            target = made if made.exists() else None
+            if target is None:
+                notes_first = f"the target is requantized to {pair.target_quant} on first use"
         if pair.draft.kind == "derive":
             derive_later = (
                 target is None or not derived_path(target, pair.draft.quant or "").exists()
@@ -256,6 +280,8 @@ def source_status(pair: Pair) -> str:
         return f"needs download ({' and '.join(needs)}, {'; '.join(notes)})"
     if in_hf:
         notes.append("in HF cache")
+    if notes_first:
+        notes.append(notes_first)
     if derive_later:
         notes.append("the draft is derived on first use")
     return f"ready ({'; '.join(notes)})" if notes else "ready"

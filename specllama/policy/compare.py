@@ -25,6 +25,7 @@ class Comparison:
     verdict: Verdict
     speedup: float | None = None  # this run's speed / the target alone's (estimated)
     alone_tok_s: float | None = None  # the target alone's estimated speed in this run
+    predicted: float | None = None  # the speedup auto's cost model expected (Stats)
 
     def line(self, reason: str = "") -> str:
         """One line for the stats panel; `reason` says why speculation was off."""
@@ -32,9 +33,10 @@ class Comparison:
             return "off: the target decoded every token alone" + (f" ({reason})" if reason
                                                                    else "")
         head = {"helped": "helped", "hurt": "hurt", "even": "made no difference"}[self.verdict]
-        return (f"{head}: {self.speedup:.2f}x the target alone (estimate: the target alone "
-                f"would run at about {self.alone_tok_s:.1f} tok/s here, from its measured "
-                "step cost)")
+        predicted = "" if self.predicted is None else f"auto predicted {self.predicted:.2f}x; "
+        return (f"{head}: {self.speedup:.2f}x the target alone ({predicted}estimate: the "
+                f"target alone would run at about {self.alone_tok_s:.1f} tok/s here, from its "
+                "measured step cost)")
 
 
 def versus_target(stats: Stats, curve: CostCurve) -> Comparison:
@@ -52,7 +54,7 @@ def versus_target(stats: Stats, curve: CostCurve) -> Comparison:
     speedup = alone_s / stats.generate_s
     verdict: Verdict = "helped" if speedup >= 1 + EVEN else ("hurt" if speedup <= 1 - EVEN
                                                             else "even")
-    return Comparison(verdict, speedup, stats.tokens / alone_s)
+    return Comparison(verdict, speedup, stats.tokens / alone_s, stats.predicted_speedup)
 
 
 def compare_with_target(decoder: SpeculativeDecoder, stats: Stats) -> Comparison:

@@ -11,7 +11,7 @@ class HeuristicDraftLength:
         self.k_max, self.k_min = k_max, k_min
         self.k = max(k_min, min(start, k_max))
 
-    def choose(self, source: str = "model") -> int:
+    def choose(self, source: str = "model", match: int = 0) -> int:
         return self.k
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -22,6 +22,9 @@ class HeuristicDraftLength:
 
     def describe(self) -> str:
         return f"heuristic draft length in [{self.k_min}, {self.k_max}] (+2 all accepted, -1 else)"
+
+    def predicted_speedup(self) -> float | None:
+        return None
 
     def may_draft(self, source: str = "model") -> bool:
         return True
