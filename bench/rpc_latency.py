@@ -11,6 +11,12 @@ process has a timeout and is killed at the end.
     python bench/rpc_latency.py                      # SmolLM2 as F32 and Q4_1, 0/1/5 ms
     python bench/rpc_latency.py --delays 0,5 --reps 5 --max-tokens 96 --json out.json
 
+`--trace` instead decodes n = 1..8 tokens in this process through the proxy and lists, per
+decode, the RPC commands sent (parsed from ggml-rpc's wire format) and how many of them wait
+for a reply (a round trip each), for the first decode of each size and afterwards:
+
+    python bench/rpc_latency.py --trace --targets Q4_1 --delays 0,5 --reps 3 --threads 1
+
 Run it on an otherwise idle machine: the server, the proxy and the client share its cores.
 """
 
@@ -24,11 +30,15 @@ import json
 import os
 import shutil
 import socket
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
@@ -38,8 +48,62 @@ RATIOS = (2, 3, 5, 8)  # T(k)/T(1) reported
 # ------------------------------------------------------------------------ the proxy
 
 
+# ggml-rpc.cpp (llama.cpp as bundled with llama-cpp-python 0.3.36): enum rpc_cmd, and the
+# commands whose sender waits for a reply (a network round trip each). A request is
+# | cmd (1 byte) | size (8 bytes, little-endian) | payload |; a reply | size | data |.
+RPC_COMMANDS = ("ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE",
+                "FREE_BUFFER", "BUFFER_CLEAR", "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR",
+                "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY", "INIT_TENSOR",
+                "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR")
+REPLIED = frozenset({"ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE",
+                     "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GET_DEVICE_MEMORY",
+                     "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT"})
+
+
+class WireTrace:
+    """The commands a client sends to a ggml RPC server, parsed from its byte stream
+    (one parser per connection): (seconds since start, name, payload bytes)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.commands: list[tuple[float, str, int]] = []
+
+    def parser(self) -> Callable[[bytes], None]:
+        head = bytearray()
+        skip = 0
+
+        def feed(data: bytes) -> None:
+            nonlocal skip
+            i, n = 0, len(data)
+            while i < n:
+                if skip:
+                    take = min(skip, n - i)
+                    skip -= take
+                    i += take
+                    continue
+                take = min(9 - len(head), n - i)
+                head.extend(data[i:i + take])
+                i += take
+                if len(head) == 9:
+                    cmd, size = struct.unpack("<BQ", head)
+                    head.clear()
+                    skip = size
+                    name = RPC_COMMANDS[cmd] if cmd < len(RPC_COMMANDS) else f"?{cmd}"
+                    with self.lock:
+                        self.commands.append((time.monotonic() - self.t0, name, size))
+
+        return feed
+
+    def take(self) -> list[tuple[float, str, int]]:
+        """The commands seen since the last take."""
+        with self.lock:
+            out, self.commands = self.commands, []
+        return out
+
+
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                delay_s: float) -> None:
+                delay_s: float, on_data: Callable[[bytes], None] | None = None) -> None:
     """Forward bytes, each chunk written `delay_s` after it arrived, in order."""
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
@@ -57,6 +121,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     sender = asyncio.create_task(deliver())
     try:
         while data := await reader.read(1 << 16):
+            if on_data is not None:
+                on_data(data)
             queue.put_nowait((time.monotonic() + delay_s, data))
     finally:
         queue.put_nowait((0.0, b""))
@@ -66,10 +132,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 class DelayProxy:
-    """127.0.0.1:<port> -> 127.0.0.1:<upstream>, each direction delayed by delay_ms."""
+    """127.0.0.1:<port> -> 127.0.0.1:<upstream>, each direction delayed by delay_ms;
+    with a `trace`, the commands sent to the server are logged there."""
 
-    def __init__(self, upstream: int, delay_ms: float) -> None:
-        self.upstream, self.delay_s = upstream, delay_ms / 1000.0
+    def __init__(self, upstream: int, delay_ms: float, trace: WireTrace | None = None) -> None:
+        self.upstream, self.delay_s, self.trace = upstream, delay_ms / 1000.0, trace
         self.loop = asyncio.new_event_loop()
         self.port = 0
         ready = threading.Event()
@@ -86,14 +153,23 @@ class DelayProxy:
                 asyncio.open_connection("127.0.0.1", self.upstream), timeout=10)
             for sock in (client_w.get_extra_info("socket"), server_w.get_extra_info("socket")):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as ggml does
-            await asyncio.gather(_pipe(client_r, server_w, self.delay_s),
-                                 _pipe(server_r, client_w, self.delay_s),
-                                 return_exceptions=True)
+            feed = self.trace.parser() if self.trace is not None else None
+            with contextlib.suppress(asyncio.CancelledError):  # close() ends it
+                await asyncio.gather(_pipe(client_r, server_w, self.delay_s, feed),
+                                     _pipe(server_r, client_w, self.delay_s),
+                                     return_exceptions=True)
 
         server = self.loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         ready.set()
         self.loop.run_forever()
+        # connections still open (a client in this process keeps its own): end them quietly
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        server.close()
+        self.loop.close()
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -177,6 +253,78 @@ def summary_row(name: str, delay: float, report: dict) -> dict:
     }
 
 
+def _runs(names: list[str]) -> str:
+    """['A', 'A', 'B'] -> 'A x2, B'."""
+    out: list[str] = []
+    for name in names:
+        if out and out[-1].split(" x")[0] == name:
+            head, _, count = out[-1].partition(" x")
+            out[-1] = f"{head} x{int(count or 1) + 1}"
+        else:
+            out.append(name)
+    return ", ".join(out)
+
+
+def trace_decodes(target: Path, delay_ms: float, args: argparse.Namespace,
+                  sizes: range = range(1, 9)) -> list[dict]:
+    """In this process, through a tracing proxy: one decode of n tokens (logits of
+    every row, as a verification does; n=1 the last row, as the target alone does),
+    the RPC commands it sent and its wall time, then the cache cut back. The first
+    pass (graph reservations) is reported apart from the timed passes."""
+    from specllama.engine.llama import Model
+
+    threads = args.threads or max(1, os.cpu_count() or 1)
+    trace = WireTrace()
+    with rpc_server(threads) as server_port:
+        proxy = DelayProxy(server_port, delay_ms, trace)
+        model = Model(target, n_ctx=512, n_threads=threads, rpc=[f"127.0.0.1:{proxy.port}"])
+        try:
+            prompt = model.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+            model.decode(prompt, "last")
+            base = len(model.cached)
+            load = trace.take()
+            rows: dict[int, dict] = {n: {"n": n, "seconds": [], "first": None, "steady": None,
+                                         "first_s": 0.0} for n in sizes}
+            for rep in range(args.reps + 1):
+                for n in sizes:
+                    t0 = time.perf_counter()
+                    model.decode(prompt[:n], "all" if n > 1 else "last")
+                    seconds = time.perf_counter() - t0
+                    model.truncate(base)
+                    names = [name for _, name, _ in trace.take()]
+                    key = "first" if rep == 0 else "steady"
+                    if rows[n][key] is None:
+                        rows[n][key] = names
+                    if rep:
+                        rows[n]["seconds"].append(seconds)
+                    else:
+                        rows[n]["first_s"] = seconds
+        finally:
+            model.close()
+            proxy.close()
+    print(f"\n{target.name}, {delay_ms:g} ms each way: {len(load)} commands to load and "
+          f"decode the prompt ({_runs(sorted(n for _, n, _ in load))})")
+    print("| n | T(n) ms | T(n)/T(1) | round trips | commands | first decode of n: ms, "
+          "T/T(1), round trips, commands |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    t1 = statistics.median(rows[sizes[0]]["seconds"])
+    out = []
+    for n in sizes:
+        r = rows[n]
+        t = statistics.median(r["seconds"])
+        trips = sum(name in REPLIED for name in r["steady"])
+        first_trips = sum(name in REPLIED for name in r["first"])
+        first = r["first"] if r["first"] != r["steady"] else ["same"]
+        print(f"| {n} | {t * 1000:.1f} | {t / t1:.2f} | {trips} | {_runs(r['steady'])} | "
+              f"{r['first_s'] * 1000:.1f}, {r['first_s'] / t1:.2f}, {first_trips}, "
+              f"{_runs(first)} |")
+        out.append({"target": target.name, "delay_ms": delay_ms, "n": n, "t_ms": t * 1000,
+                    "ratio": t / t1, "round_trips": trips,
+                    "commands": dict(Counter(r["steady"])), "first": r["first"],
+                    "first_ms": r["first_s"] * 1000, "first_round_trips": first_trips})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", default="F32,Q4_1",
@@ -190,6 +338,9 @@ def main() -> None:
                         help="client and server threads (default: all cores)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per bench run")
     parser.add_argument("--json", type=Path, help="write every row as JSON")
+    parser.add_argument("--trace", action="store_true",
+                        help="instead of benchmarking: per decode of n = 1..8 tokens, the RPC "
+                        "commands sent (round trips: those awaiting a reply) and T(n)/T(1)")
     args = parser.parse_args()
     delays = [float(d) for d in args.delays.split(",")]
 
@@ -202,6 +353,12 @@ def main() -> None:
             targets, draft = {args.target.name: args.target}, args.draft
         else:
             targets, draft = smollm2_files(workdir, args.targets.split(","))
+        if args.trace:
+            traced = [row for target in targets.values() for delay in delays
+                      for row in trace_decodes(target, delay, args)]
+            if args.json:
+                args.json.write_text(json.dumps(traced, indent=1))
+            return
         rows = []
         threads = args.threads or max(1, os.cpu_count() or 1)
         with rpc_server(threads) as server_port:

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -338,6 +339,63 @@ def test_connections_to_the_server_get_keepalive(server, tiny_target):
         assert rpc.keep_alive([server]) >= 1  # the connection ggml computes over
     finally:
         dec.close()
+
+
+# ------------------------------------------------------------- round trips per decode
+
+
+def _bench_module():
+    """bench/rpc_latency.py (not a package): its tracing proxy."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "rpc_latency.py"
+    spec = importlib.util.spec_from_file_location("rpc_latency_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_round_trip_per_decode_once_a_batch_size_is_warm(tiny_target):
+    """The first decode of a new batch size asks the server for compute sizes, one
+    synchronous GET_ALLOC_SIZE each (issue #16: at 5 ms each way this made T(k)/T(1)
+    ~2 in calibration); warm_batch_sizes pays that untimed, after which a decode of
+    any size waits for one reply (its logits), like a decode of one token."""
+    bench = _bench_module()
+    trace = bench.WireTrace()
+    with rpc_server_process() as (endpoint, _):
+        port = int(endpoint.rpartition(":")[2])
+        proxy = bench.DelayProxy(port, 0, trace)
+        local = llama.Model(tiny_target, n_ctx=256, n_threads=1)
+        model = llama.Model(tiny_target, n_ctx=256, n_threads=1,
+                            rpc=[f"127.0.0.1:{proxy.port}"])
+        try:
+            assert local.warm_batch_sizes([2, 3]) == 0 and local.decode_calls == 0
+            prompt = model.tokenize("the cat sat on the mat")
+            for m in (model, local):
+                m.decode(prompt, "last")
+            counters = (model.decode_s, model.decode_calls, model.tokens_evaluated)
+            trace.take()
+            assert model.warm_batch_sizes([1, 3, 5, 3]) == 2
+            warmed = [name for _, name, _ in trace.take()]
+            assert "GET_ALLOC_SIZE" in warmed
+            assert model.warm_batch_sizes([3, 5]) == 0
+            assert model.cached == prompt and model.pos_max() == len(prompt) - 1
+            assert (model.decode_s, model.decode_calls, model.tokens_evaluated) == counters
+            for n in (1, 3, 5, 3, 1):
+                step = prompt[:n]
+                model.decode(step, "all")
+                replied = [name for _, name, _ in trace.take() if name in bench.REPLIED]
+                assert replied == ["GET_TENSOR"], (n, replied)
+                local.decode(step, "all")
+                for i in range(n):  # the cache holds what it should: same logits as local
+                    np.testing.assert_allclose(model.logits_row(i), local.logits_row(i),
+                                               rtol=1e-3, atol=1e-3)
+                model.truncate(len(prompt))
+                local.truncate(len(prompt))
+        finally:
+            model.close()
+            local.close()
+            proxy.close()
 
 
 @pytest.mark.parametrize("text, ok", [

@@ -341,6 +341,7 @@ class Model:
         self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
 
     def set_threads(self, n_threads: int) -> None:
         """Decode with n_threads from now on (chosen once the load has shown how busy
@@ -520,6 +521,40 @@ class Model:
                 )
             raise ModelLoadError(f"{self.path.name}: llama_decode failed with code {rc}")
         self.tokens_evaluated += len(tokens)
+
+    def warm_batch_sizes(self, sizes: Sequence[int]) -> int:
+        """On RPC devices: decode each batch size of `sizes` once (logits of every row),
+        untimed, and cut the cache and the counters back, so a measurement that follows
+        times what a decode of that size costs from then on. Local models: nothing.
+        Returns the number of decodes made.
+
+        Why: the first decode of a new batch shape in a process makes ggml's RPC client
+        ask the server for the compute size of each MUL_MAT shape of the graph, one
+        synchronous RPC_CMD_GET_ALLOC_SIZE round trip each (ggml-rpc.cpp,
+        ggml_backend_rpc_buffer_type_get_alloc_size; cached per shape afterwards): five
+        for a llama-type model, 5 x the round trip on top of that one decode. A decode
+        of a shape already seen sends SET_TENSORs, GRAPH_COMPUTE (or GRAPH_RECOMPUTE)
+        and one GET_TENSOR, the only reply it waits for, whatever its size. Not worth
+        doing before generation: one decode costs more than the round trips it saves."""
+        if not self.rpc:
+            return 0
+        todo = [n for n in dict.fromkeys(int(n) for n in sizes)
+                if 1 < n <= self.n_batch and n not in self._warm_sizes]
+        todo = [n for n in todo if len(self.cached) + n <= self.n_ctx]
+        if not todo:
+            return 0
+        base = len(self.cached)
+        saved = (self.decode_s, self.decode_calls, self.tokens_evaluated)
+        filler = self._stand_in
+        try:
+            for n in todo:
+                self.decode([filler] * n, "all")
+                self.truncate(base)
+                self._warm_sizes.add(n)
+        finally:
+            self.truncate(base)
+            self.decode_s, self.decode_calls, self.tokens_evaluated = saved
+        return len(todo)
 
     def logits_row(self, i: int) -> np.ndarray:
         """Zero-copy view of the logits of row i of the last decode; valid until the next one."""

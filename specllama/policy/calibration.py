@@ -177,6 +177,10 @@ def measure_curve(
             model.truncate(start)
             return dt
 
+        # A remote target's first decode of each batch size pays extra round trips
+        # (Model.warm_batch_sizes): without this, a 5 ms link made T(k)/T(1) ~2 for
+        # every k, the points' few samples each holding one such first decode.
+        model.warm_batch_sizes(points)
         t_begin = time.perf_counter()
 
         def over() -> bool:
