@@ -111,6 +111,7 @@ class AutoState:
         self.draft_step = draft_step_s
         self.overhead = 0.0
         self.overhead_per_draft = 0.0
+        self._target_seen = self._draft_seen = False
         self.sources = {
             src: SourceState(
                 AcceptanceEstimate(prior=priors[src], positions=max(1, self.k_max)),
@@ -130,10 +131,22 @@ class AutoState:
         k = outcome.k
         if outcome.target_s > 0:
             ratio = outcome.target_s / self.target.t(k + 1)
-            self.target_scale += LEARN * (min(4.0, max(0.25, ratio)) - self.target_scale)
+            if not self._target_seen:
+                # The first round replaces the calibration's level outright (one taken
+                # on a busy machine can be ten times off), and the draft model was
+                # presumably measured in the same conditions.
+                self._target_seen = True
+                if not self._draft_seen:
+                    self.draft_step *= ratio
+                self.target_scale = ratio
+            else:
+                self.target_scale += LEARN * (ratio - self.target_scale)
         if outcome.source == "model" and k > 0 and outcome.draft_s > 0:
             step = outcome.draft_s / k
-            if step < 4 * self.draft_step:  # not the catch-up of a model paused for long
+            if not self._draft_seen:
+                self._draft_seen = True
+                self.draft_step = step
+            elif step < 4 * self.draft_step:  # not the catch-up of a model paused for long
                 self.draft_step += LEARN * (step - self.draft_step)
         if outcome.seconds > 0:
             own = max(0.0, outcome.seconds - outcome.target_s - outcome.draft_s)
