@@ -343,3 +343,74 @@ def test_auto_defers_the_draft_prompt_only_where_drafting_cannot_pay(dec):
 def test_simple_policies_say_whether_they_draft():
     assert not FixedDraftLength(0).may_draft() and FixedDraftLength(3).may_draft()
     assert HeuristicDraftLength().may_draft("model")
+
+
+# ----------------------------------------------------------------------------- costs in the loop
+
+
+def test_the_first_round_sets_the_cost_level_and_spikes_barely_move_it():
+    # Calibrated on a busy machine: every decode measured ten times too slow.
+    st = state_for([10 * r for r in FLAT_RATIOS], t1=0.01, draft_ratio=3.0)
+    loop = st.loop
+    st.learn_costs(RoundOutcome(0, 0, "model", 0.01, 0.0, 0.0101))
+    assert loop.t(1) == pytest.approx(0.01)
+    assert loop.t(5) == pytest.approx(0.01 * FLAT_RATIOS[4])  # the curve's shape, rescaled
+    assert loop.draft_step == pytest.approx(0.003)  # measured alike, rescaled alike
+    st.learn_costs(RoundOutcome(0, 0, "model", 0.06, 0.0, 0.0601))  # another process's spike
+    assert loop.t(1) < 0.0106  # at most as if it had been 1.5x
+    assert st.costs("model").target[0] == pytest.approx(loop.t(1))
+
+
+def test_the_first_draft_step_of_a_round_is_learnt_apart_from_catch_ups():
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.4)  # draft step 16 ms
+    loop = st.loop
+    t = st.target.t
+    # The draft model catches up on 30 tokens after paused rounds: not a draft cost.
+    st.learn_costs(RoundOutcome(1, 1, "model", t(2), 0.3, t(2) + 0.3))
+    assert loop.draft_wake == 0.0
+    for _ in range(60):  # then every round: 16 ms a step plus 8 ms for the first
+        st.learn_costs(RoundOutcome(2, 2, "model", t(3), 0.040, t(3) + 0.040))
+    assert loop.draft_wake == pytest.approx(0.008, rel=0.05)
+    costs = st.costs("model")
+    assert costs.round_s(2) == pytest.approx(t(3) + 2 * 0.016 + 0.008, rel=0.05)
+    assert st.costs("lookup").round_s(2) == pytest.approx(t(3), rel=0.05)  # lookups: no draft
+
+
+def test_auto_stops_drafting_when_the_loop_shows_draft_steps_cost_more():
+    """Calibrated alone, the draft step looks cheap enough; in the loop it costs twice
+    as much and drafting no longer pays: auto must notice and stop."""
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.35, priors={"model": 0.6})
+    policy = AutoDraftLength(st)
+    ks = []
+    for _ in range(80):
+        k = policy.choose("model")
+        ks.append(k)
+        t = st.target.t(k + 1)
+        draft = k * 0.04 * 0.7 + (0.01 if k else 0.0)
+        policy.observe(RoundOutcome(k, min(k, 1), "model", t, draft, t + draft))
+    assert ks[0] > 0 and ks[-10:] == [0] * 10
+
+
+def test_auto_predicts_the_speedup_of_the_rounds_it_ran():
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.1, priors={"model": 0.8})
+    policy = AutoDraftLength(st)
+    assert policy.predicted_speedup() is None
+    k = policy.choose("model")
+    rates = st.sources["model"].acceptance.rates()
+    costs = st.costs("model")
+    t = st.target.t(k + 1)
+    policy.observe(RoundOutcome(k, k, "model", t, k * 0.004, t + k * 0.004))
+    assert policy.predicted_speedup() == pytest.approx(
+        expected_tokens(rates, k) * costs.round_s(0) / costs.round_s(k))
+
+
+def test_long_lookup_matches_are_trusted_apart_from_short_ones():
+    st = state_for(SMOL_RATIOS, SMOL_T1, SMOL_DRAFT)
+    policy = AutoDraftLength(st)
+    assert policy.choose("lookup", 3) == 0  # a 3-token match: a guess, not worth a verify
+    policy.observe(RoundOutcome(0, 0, "model", SMOL_T1, 0.0))
+    k = policy.choose("lookup", 20)  # 20 tokens repeated: copying
+    assert k > 1
+    policy.observe(RoundOutcome(k, 0, "lookup", SMOL_T1 * SMOL_RATIOS[k], 0.0))
+    assert st.sources["lookup-long"].acceptance.reached[0] == 1.0
+    assert st.sources["lookup"].acceptance.reached[0] == 0.0  # learnt where it was drafted

@@ -2,12 +2,13 @@
 
     rate(k) = E(k) / C(k)
     E(k)    = 1 + sum_{j=1..k} prod_{i<=j} a_i      tokens one round emits
-    C(k)    = T_t(k+1) + k * (T_d + o_d) + o_r      seconds one round takes
+    C(k)    = T_t(k+1) + k * (T_d + o_d) + w_d + o_r   seconds one round takes (w_d: k > 0)
 
 a_i is the acceptance rate at draft position i given the draft got there (with one
 rate a for every position E(k) = (1 - a^(k+1)) / (1 - a)), T_t(n) one target
-decode of n tokens, T_d one draft step, o_r and o_d our own per-round and
-per-draft-token overhead.
+decode of n tokens, T_d one draft step, w_d what the first draft step of a round
+costs on top (the draft model's weights, evicted by the target's decode, come back
+from memory), o_r and o_d our own per-round and per-draft-token overhead.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Speculate only when the best k is expected to beat the target alone by this much.
-DEFAULT_MARGIN = 0.05
+DEFAULT_MARGIN = 0.03
 
 
 def expected_tokens(accept: float | Sequence[float], k: int) -> float:
@@ -35,7 +36,7 @@ def expected_tokens(accept: float | Sequence[float], k: int) -> float:
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """Seconds one round takes with k drafts: C(k) = T_t(k+1) + k(T_d + o_d) + o_r.
+    """Seconds one round takes with k drafts: C(k) = T_t(k+1) + k(T_d + o_d) + w_d + o_r.
 
     target[n - 1] is one target decode of n tokens (so target[k] verifies k drafts).
     """
@@ -44,13 +45,15 @@ class RoundCosts:
     draft: float  # one draft step
     overhead: float = 0.0  # ours, per round
     overhead_per_draft: float = 0.0  # ours, per drafted token (sampling q, ...)
+    draft_wake: float = 0.0  # the first draft step of a round, on top of `draft`
 
     @property
     def k_max(self) -> int:
         return len(self.target) - 1
 
     def round_s(self, k: int) -> float:
-        return self.target[k] + k * (self.draft + self.overhead_per_draft) + self.overhead
+        wake = self.draft_wake if k > 0 else 0.0
+        return self.target[k] + k * (self.draft + self.overhead_per_draft) + wake + self.overhead
 
     @classmethod
     def from_ratios(
@@ -92,7 +95,8 @@ def decide(
     if len(rates) < k_max:
         rates = [*rates, *[rates[-1]] * (k_max - len(rates))]
     # E(k) built up incrementally: O(k_max) (this runs every round, so no method calls)
-    target, per_draft, fixed = costs.target, costs.draft + costs.overhead_per_draft, costs.overhead
+    target, per_draft = costs.target, costs.draft + costs.overhead_per_draft
+    fixed = costs.overhead + costs.draft_wake
     run, tokens = 1.0, 1.0
     for k in range(1, k_max + 1):
         run *= rates[k - 1]
