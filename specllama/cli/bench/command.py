@@ -15,7 +15,14 @@ from ...policy.cpumeter import loadavg
 from ..options import RECALIBRATE_OPTION, model_options, open_decoder, setting_option
 from ..ui import stderr_console
 from .prompts import DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
-from .report import describe_environment, render_tables, verdict, write_json, write_plot
+from .report import (
+    describe_environment,
+    predicted_line,
+    render_tables,
+    verdict,
+    write_json,
+    write_plot,
+)
 from .run import DEFAULT_MAX_FOREIGN, DEFAULT_MAX_TOKENS, DEFAULT_REPS, DEFAULT_SEED, run_bench
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,6 +108,9 @@ def bench_command(**opts: Any) -> None:
     for table in render_tables(report):
         screen.print(table)
     screen.print(describe_environment(report), style="dim")
+    predicted = predicted_line(report)
+    if predicted:
+        screen.print(predicted, style="dim")
     note = report["summary"]["overall"].get("auto", {}).get("policy_note")
     if note:
         screen.print(f"auto, last run: {note}", style="dim")

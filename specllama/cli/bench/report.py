@@ -157,3 +157,19 @@ def write_plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     Path(path).write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def predicted_line(report: dict[str, Any], mode: str = "auto") -> str | None:
+    """auto's predicted speedup beside the measured one, per prompt: does the cost
+    model of this machine hold?"""
+    per_prompt = report["summary"]["per_prompt"]
+    parts = []
+    for pid, row in per_prompt.items():
+        cell = row.get(mode, {})
+        predicted, measured = cell.get("predicted_vs_target"), cell.get("vs_target")
+        if predicted and measured:
+            parts.append(f"{pid} {predicted:.2f}x/{measured:.2f}x")
+    if not parts:
+        return None
+    return f"{mode} predicted/measured vs the target alone: " + ", ".join(parts)
+

@@ -190,6 +190,9 @@ def summarize(
                 "tokens_per_s_all": [r["tokens_per_s"] for r in rs],
                 "tokens": _median([r["tokens"] for r in rs]),
                 "overhead_share": _median([r["overhead_share"] for r in rs]),
+                # auto's cost model: the speedup it expected of the rounds it ran
+                "predicted_vs_target": _median([r["predicted_speedup"] for r in rs
+                                                if r.get("predicted_speedup")]) or None,
             }
         base = row.get("target", {}).get("tokens_per_s", 0.0)
         by_rep = {(r["mode"], r["rep"]): r["tokens_per_s"] for r in runs if r["prompt"] == pid}
