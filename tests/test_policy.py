@@ -348,16 +348,19 @@ def test_simple_policies_say_whether_they_draft():
 # ----------------------------------------------------------------------------- costs in the loop
 
 
-def test_the_first_round_sets_the_cost_level_and_spikes_barely_move_it():
+def test_the_first_rounds_find_the_cost_level_and_spikes_barely_move_it():
     # Calibrated on a busy machine: every decode measured ten times too slow.
     st = state_for([10 * r for r in FLAT_RATIOS], t1=0.01, draft_ratio=3.0)
     loop = st.loop
-    st.learn_costs(RoundOutcome(0, 0, "model", 0.01, 0.0, 0.0101))
-    assert loop.t(1) == pytest.approx(0.01)
-    assert loop.t(5) == pytest.approx(0.01 * FLAT_RATIOS[4])  # the curve's shape, rescaled
-    assert loop.draft_step == pytest.approx(0.003)  # measured alike, rescaled alike
+    st.learn_costs(RoundOutcome(0, 0, "model", 0.03, 0.0, 0.0301))  # weights paging in
+    for _ in range(7):
+        st.learn_costs(RoundOutcome(0, 0, "model", 0.01, 0.0, 0.0101))
+    assert loop.t(1) == pytest.approx(0.01, rel=0.1)
+    assert loop.t(5) == pytest.approx(0.01 * FLAT_RATIOS[4], rel=0.1)  # rescaled
+    assert loop.draft_step == pytest.approx(0.003, rel=0.1)  # measured alike, rescaled alike
+    before = loop.t(1)
     st.learn_costs(RoundOutcome(0, 0, "model", 0.06, 0.0, 0.0601))  # another process's spike
-    assert loop.t(1) < 0.0106  # at most as if it had been 1.5x
+    assert loop.t(1) <= before * 1.051  # at most as if it had been 1.5x
     assert st.costs("model").target[0] == pytest.approx(loop.t(1))
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 AUTO_MAX_DRAFT = 15  # auto verifies at most 16 tokens at once (the calibrated range)
 LEARN = 0.1  # weight of the latest round in the running cost estimates
 SPIKE = 1.5  # a round's time counts as at most this many times the running estimate
+LEARN_FIRST, SPIKE_FIRST, FIRST_ROUNDS = 0.5, 4.0, 8  # a decoder's first rounds weigh more
 #: Acceptance is learnt per source; lookup drafts after a match of LONG_MATCH tokens or
 #: more (the whole n-gram window of engine/lookup.py repeated: real copying) apart from
 #: shorter ones. Measured here on the copy and built-in prompts, first-token acceptance:
@@ -101,12 +102,17 @@ class LoopCosts:
         self.curve = curve
         self.scale = 1.0  # loop / calibration, all batch sizes together
         self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
-        self.draft_step = draft_step
+        self.calibrated_draft_step = draft_step
         self.draft_wake = 0.0
         self.overhead = 0.0
         self.overhead_per_draft = 0.0
-        self._seen = False
+        self._rounds = 0
         self._draft_warm = False  # the draft model decoded last round: no catch-up now
+
+    @property
+    def draft_step(self) -> float:
+        """Calibrated, scaled like the target's decodes (the machine's state now)."""
+        return self.calibrated_draft_step * self.scale
 
     def t(self, n: int) -> float:
         return self.verify.get(n, self.scale * self.curve.t(n))
@@ -122,21 +128,18 @@ class LoopCosts:
 
     def observe(self, outcome: RoundOutcome) -> None:
         k, n = outcome.k, outcome.k + 1
+        self._rounds += 1
+        # Quick at first (a calibration taken on a busy machine can be ten times off),
+        # then slow: a round then counts as at most 1.5x the running estimate (another
+        # process's spike was 6x here). Spikes in the first rounds (the first decodes
+        # after loading, weights still paging in: 3x here) fade within a few rounds.
+        first = self._rounds <= FIRST_ROUNDS
+        learn, spike = (LEARN_FIRST, SPIKE_FIRST) if first else (LEARN, SPIKE)
         if outcome.target_s > 0:
-            if not self._seen:
-                # The first round replaces the calibration's level outright (one taken
-                # on a busy machine can be ten times off); the draft model was
-                # presumably measured in the same conditions.
-                self._seen = True
-                ratio = outcome.target_s / self.curve.t(n)
-                self.draft_step *= ratio
-                self.scale = ratio
             seen = self.t(n)
-            # One slow round (a spike from another process: 6x here) moves the means
-            # no more than a round 1.5x off would.
-            measured = min(max(outcome.target_s, seen / SPIKE), seen * SPIKE)
-            self.scale += LEARN * (measured / self.curve.t(n) - self.scale)
-            self.verify[n] = seen + LEARN * (measured - seen)
+            measured = min(max(outcome.target_s, seen / spike), seen * spike)
+            self.scale += learn * (measured / self.curve.t(n) - self.scale)
+            self.verify[n] = seen + learn * (measured - seen)
         # A model draft after rounds without one starts by catching its cache up on
         # what they emitted: not a draft step's cost, so not learnt from.
         if outcome.source == "model" and k > 0 and self._draft_warm:
