@@ -281,8 +281,8 @@ HF_ERRORS = [
         'target.revision: must be a branch, tag or commit, got "a b"',
     ),
     (
-        'target = { hf = "Qwen/Repo", file = "x.gguf", quant = "Q4_0" }',
-        "target.quant: unknown key for an hf source (expected: hf, file, revision)",
+        'target = { hf = "Qwen/Repo", file = "x.gguf", quantization = "Q4_0" }',
+        "target.quantization: unknown key for an hf source (expected: hf, file, revision)",
     ),
 ]
 
