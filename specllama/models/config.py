@@ -216,16 +216,19 @@ class _Loader:
         without it for `source`."""
         if not isinstance(raw, dict) or "quant" not in raw or "derive" in raw:
             return raw, None
-        quant = raw["quant"]
-        where = _key(*parts, "quant")
-        if not isinstance(quant, str):
-            self.fail(where, f"must be a string, {got(quant)}")
-        if quant.upper() not in DERIVE_QUANTS:
+        quant = self._quant(raw["quant"], _key(*parts, "quant"))
+        return {k: v for k, v in raw.items() if k != "quant"}, quant
+
+    def _quant(self, value: Any, key: str) -> str:
+        """A quantization type name (any case), upper-cased."""
+        if not isinstance(value, str):
+            self.fail(key, f"must be a string, {got(value)}")
+        if value.upper() not in DERIVE_QUANTS:
             self.fail(
-                where,
-                f"unknown quantization {show(quant)}; expected one of: {', '.join(DERIVE_QUANTS)}",
+                key,
+                f"unknown quantization {show(value)}; expected one of: {', '.join(DERIVE_QUANTS)}",
             )
-        return {k: v for k, v in raw.items() if k != "quant"}, quant.upper()
+        return value.upper()
 
     # -- sources
 
@@ -402,15 +405,7 @@ class _Loader:
         derive, quant = raw["derive"], raw["quant"]
         if derive != "target":
             self.fail(_key(*parts, "derive"), f'must be "target", {got(derive)}')
-        qkey = _key(*parts, "quant")
-        if not isinstance(quant, str):
-            self.fail(qkey, f"must be a string, {got(quant)}")
-        if quant.upper() not in DERIVE_QUANTS:
-            self.fail(
-                qkey,
-                f"unknown quantization {show(quant)}; expected one of: {', '.join(DERIVE_QUANTS)}",
-            )
-        return ModelSource(kind="derive", quant=quant.upper())
+        return ModelSource(kind="derive", quant=self._quant(quant, _key(*parts, "quant")))
 
     # -- defaults
 
