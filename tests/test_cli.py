@@ -9,22 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from specllama.cli import cli
-
-
-@pytest.fixture
-def run():
-    def invoke(*args, input=None, env=None):
-        return CliRunner().invoke(cli, [str(a) for a in args], input=input, env=env)
-
-    return invoke
-
-
-@pytest.fixture
-def tiny(tiny_target, tiny_draft):
-    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", "1", "--n-ctx", "256"]
 
 
 @pytest.fixture

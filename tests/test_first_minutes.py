@@ -20,19 +20,6 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture
-def run():
-    def invoke(*args, input=None, env=None):
-        return CliRunner().invoke(cli, [str(a) for a in args], input=input, env=env)
-
-    return invoke
-
-
-@pytest.fixture
-def tiny(tiny_target, tiny_draft):
-    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", "1", "--n-ctx", "256"]
-
-
-@pytest.fixture
 def meter_says(monkeypatch):
     """Inject what the CPU meter reports: the share of the CPU other processes used."""
 

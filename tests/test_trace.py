@@ -32,11 +32,6 @@ def decoder(tiny_target, tiny_draft):
     dec.close()
 
 
-@pytest.fixture
-def tiny(tiny_target, tiny_draft):
-    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", "1", "--n-ctx", "256"]
-
-
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 

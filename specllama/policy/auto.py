@@ -117,9 +117,11 @@ class LoopCosts:
     def t(self, n: int) -> float:
         return self.verify.get(n, self.scale * self.curve.t(n))
 
-    def round_costs(self, model: bool, k_max: int) -> RoundCosts:
+    def round_costs(self, model: bool, k_max: int,
+                    verify: tuple[float, ...] | None = None) -> RoundCosts:
+        """verify: T(1..k_max+1) when the caller has it (once a round for all sources)."""
         return RoundCosts(
-            tuple(self.t(n) for n in range(1, k_max + 2)),
+            verify or tuple(self.t(n) for n in range(1, k_max + 2)),
             self.draft_step if model else 0.0,
             self.overhead,
             self.overhead_per_draft,
@@ -193,8 +195,9 @@ class AutoState:
 
     def learn_costs(self, outcome: RoundOutcome) -> None:
         self.loop.observe(outcome)
+        verify = tuple(self.loop.t(n) for n in range(1, self.k_max + 2))
         for name, src in self.sources.items():
-            src.costs = self.loop.round_costs(name == "model", self.k_max)
+            src.costs = self.loop.round_costs(name == "model", self.k_max, verify)
             src.decision = None
 
     @classmethod
