@@ -117,11 +117,10 @@ class LoopCosts:
     def t(self, n: int) -> float:
         return self.verify.get(n, self.scale * self.curve.t(n))
 
-    def round_costs(self, model: bool, k_max: int,
-                    verify: tuple[float, ...] | None = None) -> RoundCosts:
-        """verify: T(1..k_max+1) when the caller has it (once a round for all sources)."""
+    def round_costs(self, model: bool, verify: tuple[float, ...]) -> RoundCosts:
+        """verify: T(1..k+1) for every k considered (built once for all sources)."""
         return RoundCosts(
-            verify or tuple(self.t(n) for n in range(1, k_max + 2)),
+            verify,
             self.draft_step if model else 0.0,
             self.overhead,
             self.overhead_per_draft,
@@ -187,7 +186,7 @@ class AutoState:
         self.sources = {
             src: SourceState(
                 AcceptanceEstimate(prior=priors[src], positions=max(1, self.k_max)),
-                self.loop.round_costs(src == "model", self.k_max),
+                self.loop.round_costs(src == "model", self._verify()),
             )
             for src in SOURCES
         }
@@ -195,10 +194,13 @@ class AutoState:
 
     def learn_costs(self, outcome: RoundOutcome) -> None:
         self.loop.observe(outcome)
-        verify = tuple(self.loop.t(n) for n in range(1, self.k_max + 2))
+        verify = self._verify()
         for name, src in self.sources.items():
-            src.costs = self.loop.round_costs(name == "model", self.k_max, verify)
+            src.costs = self.loop.round_costs(name == "model", verify)
             src.decision = None
+
+    def _verify(self) -> tuple[float, ...]:
+        return tuple(self.loop.t(n) for n in range(1, self.k_max + 2))
 
     @classmethod
     def for_decoder(cls, decoder: SpeculativeDecoder, *, refresh: bool = False) -> AutoState:
