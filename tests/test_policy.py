@@ -15,9 +15,23 @@ from specllama.policy import (
     RoundOutcome,
     make_policy,
 )
-from specllama.policy.auto import PROBE_EVERY, AcceptanceEstimate
+from specllama.policy.auto import (
+    FIRST_ROUNDS,
+    KEEP_MARGIN,
+    PROBE_EVERY,
+    PROBE_EVERY_MAX,
+    PROBE_GROWTH,
+    REFERENCE_EVERY,
+    AcceptanceEstimate,
+)
 from specllama.policy.calibration import CostCurve
-from specllama.policy.costs import RoundCosts, decide, expected_rate, expected_tokens
+from specllama.policy.costs import (
+    DEFAULT_MARGIN,
+    RoundCosts,
+    decide,
+    expected_rate,
+    expected_tokens,
+)
 
 # docs/architecture.md, "The cost model": SmolLM2-135M Q4_1 on this 2-core machine, T(n)/T(1).
 SMOL_RATIOS = [1.0, 1.8, 2.2, 2.6, 3.3, 3.5, 3.8, 4.5, 5.0, 5.5, 6.0, 6.6, 7.2, 7.8, 8.3, 8.8]
@@ -223,15 +237,46 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     run_rounds(policy, 5, accept_all=True)
     ks = run_rounds(policy, 150, accept_all=False)
     assert ks[0] > 0  # still believes in drafting at first
-    first_off = ks.index(0)
+    # (a single round without a draft while it drafts measures T(1): REFERENCE_EVERY)
+    first_off = next(i for i in range(len(ks) - 1) if ks[i] == ks[i + 1] == 0)
     assert first_off < 15
     probes = [i for i in range(first_off, len(ks)) if ks[i] > 0]
     assert probes and all(ks[i] <= 2 for i in probes)  # short probes
     gaps = [b - a for a, b in itertools.pairwise(probes)]
-    # the gap doubles after each probe that changes nothing: a probe's catch-up is dear
-    assert gaps == [PROBE_EVERY * 2 ** (i + 1) for i in range(len(gaps))]
+    # the gap grows after each probe that changes nothing: a probe's catch-up is dear
+    assert gaps and gaps == [min(PROBE_EVERY_MAX, PROBE_EVERY * PROBE_GROWTH ** (i + 1))
+                             for i in range(len(gaps))]
     assert probes[0] - first_off + 1 == PROBE_EVERY
     assert "would not pay" in policy.describe() and "probed" in policy.describe()
+
+
+def test_auto_resumes_when_the_draft_shows_it_would_have_guessed_the_paused_tokens():
+    """A probe after paused rounds reports, from the draft's catch-up, how it would have
+    done on each paused token (RoundOutcome.shadow): one probe with many hits brings
+    drafting back, one with many misses keeps it off, where the probe's own two drafts
+    alone would not have decided it."""
+    def paused_then_probe(shadow):
+        policy = AutoDraftLength(state_for(FLAT_RATIOS, draft_ratio=0.3))
+        run_rounds(policy, 5, accept_all=True)
+        ks = run_rounds(policy, 40, accept_all=False)  # drafts fail: auto pauses
+        assert ks[-1] == 0
+        st = policy.state
+        while (k := policy.choose("model")) == 0:  # until the probe
+            policy.observe(RoundOutcome(0, 0, "model", st.target.t(1), 0.0))
+        policy.observe(RoundOutcome(k, 0, "model", st.target.t(k + 1), k * 0.003,
+                                    shadow=shadow))  # its drafts rejected
+        return policy.choose("model")
+
+    assert paused_then_probe((1.0,) * 32) > 0
+    assert paused_then_probe((0.0,) * 32) == 0
+    assert paused_then_probe(()) == 0
+
+
+def test_acceptance_estimate_learns_first_position_from_shadow_chances():
+    a = AcceptanceEstimate(prior=0.5, decay=0.97)
+    a.observe_first([0.9] * 200)
+    assert a.rates()[0] == pytest.approx(0.9, abs=0.01)
+    assert 0.8 < a.overall < 0.9  # the prior keeps a little weight
 
 
 def test_auto_sources_are_separate():
@@ -368,12 +413,16 @@ def test_the_first_draft_step_of_a_round_is_learnt_apart_from_catch_ups():
     st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.4)  # draft step 16 ms
     loop = st.loop
     t = st.target.t
-    # The draft model catches up on 30 tokens after paused rounds: not a draft cost.
-    st.learn_costs(RoundOutcome(1, 1, "model", t(2), 0.3, t(2) + 0.3))
+    # The draft model catches up on 30 tokens after paused rounds: not a draft step's
+    # cost, nor its wake-up, but a catch-up, learnt per token (here 9.5 ms).
+    st.learn_costs(RoundOutcome(1, 1, "model", t(2), 0.3, t(2) + 0.3, draft_caught_up=30))
     assert loop.draft_wake == 0.0
+    assert loop.catch_up_s(30) == pytest.approx(0.3 - 0.016, rel=0.01)
     for _ in range(60):  # then every round: 16 ms a step plus 8 ms for the first
-        st.learn_costs(RoundOutcome(2, 2, "model", t(3), 0.040, t(3) + 0.040))
+        st.learn_costs(RoundOutcome(2, 2, "model", t(3), 0.040, t(3) + 0.040,
+                                    draft_steps_s=0.016, draft_caught_up=1))
     assert loop.draft_wake == pytest.approx(0.008, rel=0.05)
+    assert loop.catch_up_s(1) == 0.0  # one missed token (a fully accepted round): in w_d
     costs = st.costs("model")
     assert costs.round_s(2) == pytest.approx(t(3) + 2 * 0.016 + 0.008, rel=0.05)
     assert st.costs("lookup").round_s(2) == pytest.approx(t(3), rel=0.05)  # lookups: no draft
@@ -417,3 +466,129 @@ def test_long_lookup_matches_are_trusted_apart_from_short_ones():
     policy.observe(RoundOutcome(k, 0, "lookup", SMOL_T1 * SMOL_RATIOS[k], 0.0))
     assert st.sources["lookup-long"].acceptance.reached[0] == 1.0
     assert st.sources["lookup"].acceptance.reached[0] == 0.0  # learnt where it was drafted
+
+
+def fixed_acceptance(st: AutoState, source: str, alpha: float) -> None:
+    """Pin a source's acceptance estimate at alpha (so a test sets the gain it wants)."""
+    st.sources[source].acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e12,
+                                                       position_weight=1e12)
+    st.sources[source].decision = None
+
+
+def alpha_for(st: AutoState, speedup: float, source: str = "model") -> float:
+    """The acceptance at which the best k is expected to give `speedup`."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if decide(mid, st.costs(source), st.k_max, margin=0.0).speedup < speedup:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def round_of(st: AutoState, k: int, accepted: int, behind: int = 0, caught_up: int = 0,
+             source: str = "model") -> RoundOutcome:
+    """What a round costs at the state's own cost estimates."""
+    costs = st.costs(source)
+    t, draft = st.loop.t(k + 1), costs.draft * k
+    return RoundOutcome(k, accepted, source, t, draft, t + draft,
+                        draft_steps_s=costs.draft * max(0, k - 1),
+                        draft_behind=behind, draft_caught_up=caught_up)
+
+
+def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
+    """While drafting pays by little, one round in REFERENCE_EVERY decodes plainly: the
+    target alone, the measure of every decision, is only seen in such rounds. Here the
+    calibration put T(1) 20% too high, so drafting one token (1.5 tokens for 1.6 steps:
+    a loss) looked 1.12x faster; the plain rounds show the truth and auto stops."""
+    t1, ratios = 0.04, [1.0 + 0.3 * n for n in range(16)]
+    st = state_for([1.2] + ratios[1:], t1=t1, draft_ratio=0.3)
+    fixed_acceptance(st, "model", 0.5)
+    policy = AutoDraftLength(st)
+    ks = []
+    for _ in range(60):
+        k = policy.choose("model")
+        ks.append(k)
+        t, draft = t1 * ratios[k], k * 0.3 * t1
+        policy.observe(RoundOutcome(k, 1 if k else 0, "model", t, draft, t + draft,
+                                    draft_behind=0 if k else 1))
+    plain = [i for i, k in enumerate(ks) if k == 0]
+    assert ks[0] == 1 and plain[1] - plain[0] == REFERENCE_EVERY + 1
+    # the first plain decode of a size is not learnt from; the second one is
+    assert st.loop.t(1) == pytest.approx(t1, rel=0.05)
+    after = ks[plain[1] + 1 :]
+    assert after.count(0) > 0.8 * len(after)  # then it mostly stops drafting
+    assert policy.predicted_speedup() < 1.1
+
+    # Where drafting clearly pays, no such rounds: their cost would be felt.
+    st = state_for(FLAT_RATIOS, draft_ratio=0.05)
+    fixed_acceptance(st, "model", 0.95)
+    assert run_rounds(AutoDraftLength(st), 80, accept_all=True).count(0) == 0
+
+
+def test_auto_keeps_drafting_at_a_gain_it_would_not_start_for():
+    """Hysteresis: drafting starts when the best k beats the target alone by `margin`, and
+    goes on while it does not lose (KEEP_MARGIN). An estimate near the boundary otherwise
+    turned drafting off and on every few rounds, each time paying a catch-up."""
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+    policy = AutoDraftLength(st)
+    between = alpha_for(st, 1.0 + DEFAULT_MARGIN / 2)
+    fixed_acceptance(st, "model", between)
+    assert policy.choose("model") == 0  # paused: 1.5% is not worth starting for
+    policy.observe(round_of(st, 0, 0, behind=1))
+    fixed_acceptance(st, "model", alpha_for(st, 1.10))
+    k = policy.choose("model")
+    assert k > 0
+    policy.observe(round_of(st, k, k, behind=1, caught_up=1))
+    fixed_acceptance(st, "model", between)
+    assert policy.choose("model") > 0  # drafting: 1.5% still beats stopping
+    policy.observe(round_of(st, 2, 0))
+    fixed_acceptance(st, "model", alpha_for(st, 1.0 + KEEP_MARGIN - 0.01))
+    assert policy.choose("model") == 0  # a loss: stop
+
+
+def test_auto_resumes_only_if_the_gain_pays_for_the_catch_up_too():
+    """After paused rounds the draft model first decodes every token it missed: resuming
+    must pay for that too, spread over RESUME_HORIZON rounds."""
+    def resumes(behind: int) -> bool:
+        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+        st.loop.catch_up = 0.003  # 3 ms a missed token
+        policy = AutoDraftLength(st)
+        fixed_acceptance(st, "model", 0.0)
+        assert policy.choose("model") == 0
+        policy.observe(round_of(st, 0, 0, behind=behind))
+        fixed_acceptance(st, "model", alpha_for(st, 1.06))
+        return policy.choose("model") > 0
+
+    assert resumes(behind=1)  # in step (one token: part of a round's first step)
+    assert resumes(behind=5)  # 15 ms over 16 rounds of ~67 ms: 1.4%, so 1.045 > 1.03
+    assert not resumes(behind=20)  # 60 ms: 5.6%, so 1.004: not worth starting for
+
+
+def test_the_prediction_counts_the_catch_up():
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+    st.loop.catch_up = 0.003
+    fixed_acceptance(st, "model", 0.9)
+    policy = AutoDraftLength(st)
+    k = policy.choose("model")
+    assert k > 0
+    costs, rates = st.costs("model"), st.sources["model"].acceptance.rates()
+    policy.observe(round_of(st, k, k, caught_up=30, behind=1))
+    expected_s = costs.round_s(k) + 30 * 0.003
+    assert policy.predicted_speedup() == pytest.approx(
+        expected_tokens(rates, k) * costs.round_s(0) / expected_s)
+
+
+def test_a_batch_size_is_learnt_from_its_second_decode_on():
+    """The first decode of a size builds its graph (slower); the next few are averaged."""
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+    loop = st.loop
+    for _ in range(FIRST_ROUNDS):  # past the decoder's first rounds
+        st.learn_costs(RoundOutcome(0, 0, "model", 0.04, 0.0, 0.04))
+    calibrated = loop.t(5)
+    st.learn_costs(RoundOutcome(4, 4, "model", 3 * calibrated, 0.0, 3 * calibrated))
+    assert loop.t(5) == pytest.approx(calibrated)
+    for measured in (1.2, 1.3, 1.25):
+        st.learn_costs(RoundOutcome(4, 4, "model", measured * calibrated, 0.0, 0.0))
+    assert loop.t(5) == pytest.approx(1.25 * calibrated, rel=0.01)  # their mean

@@ -6,6 +6,7 @@ import pytest
 from specllama import InvalidParameterError, SamplingParams
 from specllama.engine.sampling import (
     acceptance_probability,
+    first_draft_acceptance,
     on_target_vocab,
     probabilities,
     residual,
@@ -295,3 +296,40 @@ def test_sample_takes_unnormalised_float32_weights():
     draws = np.bincount([sample(w, rng) for _ in range(n)], minlength=5000)
     assert set(np.flatnonzero(draws)) == {3, 2048, 4999}
     np.testing.assert_allclose(draws[[3, 2048, 4999]] / n, [0.5, 0.25, 0.25], atol=0.02)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_draft_acceptance_estimates_the_acceptance_rate_without_drafting(seed):
+    """Over tokens the target draws alone (x ~ p), the mean estimate is the acceptance
+    probability of a first draft token, sum min(p, q); q(x) alone, a plausible wrong
+    estimator, is rejected by the same test."""
+    rng = np.random.default_rng(seed)
+    params = SamplingParams(temperature=0.8)
+    target_logits = rng.normal(size=12).astype(np.float32) * 2
+    draft_logits = (target_logits + rng.normal(size=12).astype(np.float32)).astype(np.float32)
+    p, q = probabilities(target_logits, params), probabilities(draft_logits, params)
+    exact = float(np.minimum(p, q).sum())
+    xs = rng.choice(len(p), size=40_000, p=p)
+    est = np.array([first_draft_acceptance(draft_logits, int(x), float(p[x]), params)
+                    for x in xs])
+    se = est.std() / np.sqrt(len(est))
+    assert abs(est.mean() - exact) < 4 * se + 1e-9
+    wrong = q[xs]
+    assert abs(wrong.mean() - exact) > 4 * wrong.std() / np.sqrt(len(wrong))
+
+
+def test_first_draft_acceptance_greedy_and_edges():
+    logits = np.array([0.0, 3.0, 1.0], dtype=np.float32)
+    greedy = SamplingParams(temperature=0.0)
+    assert first_draft_acceptance(logits, 1, 1.0, greedy) == 1.0
+    assert first_draft_acceptance(logits, 2, 1.0, greedy) == 0.0
+    sampled = SamplingParams(temperature=1.0)
+    assert first_draft_acceptance(logits, 7, 0.5, sampled) == 0.0  # an id the draft lacks
+    q1 = float(probabilities(logits, sampled)[1])
+    assert first_draft_acceptance(logits, 1, 0.99, sampled) == pytest.approx(q1 / 0.99)
+    assert first_draft_acceptance(logits, 1, q1 / 2, sampled) == 1.0
+    # where the draft's top token is below p_min it would not have drafted: no evidence
+    flat = np.zeros(8, dtype=np.float32)  # q = 1/8 everywhere
+    assert first_draft_acceptance(flat, 1, 0.5, sampled, p_min=0.2) is None
+    assert first_draft_acceptance(flat, 1, 0.5, sampled, p_min=0.1) == pytest.approx(0.25)
+    assert first_draft_acceptance(flat, 1, 1.0, greedy, p_min=0.9) == 0.0  # greedy: never cut

@@ -16,6 +16,7 @@ from specllama import (
     TokensAccepted,
 )
 from specllama.engine.llama import Model
+from specllama.engine.sampling import probabilities
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -300,3 +301,82 @@ def test_fixed_k_evaluates_the_draft_prompt_up_front(dec):
     next(events)  # PromptEvaluated
     assert dec.draft.cached == prompt[:-1]
     events.close()
+
+
+class _PauseThenDraft:
+    """Plain target steps for `paused` rounds, then drafts of 2; keeps every outcome."""
+
+    def __init__(self, paused: int) -> None:
+        self.paused, self.rounds, self.outcomes = paused, 0, []
+
+    def choose(self, source="model", match=0):
+        self.rounds += 1
+        return 0 if self.rounds <= self.paused else 2
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+    def describe(self):
+        return "pause, then draft"
+
+    def predicted_speedup(self):
+        return None
+
+    def may_draft(self, source="model"):
+        return True
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, seed=3)])
+def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sampling):
+    """The round that drafts after 12 plain steps carries, in RoundOutcome.shadow, the
+    draft's first-draft acceptance at each of them: greedy, whether its argmax was the
+    target's token; sampled, min(1, q(x)/p(x)), with p and q read here by teacher forcing."""
+    prompt = dec.tokenize("Once upon a time")
+    policy = _PauseThenDraft(12)
+    res = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=policy)
+    if sampling.greedy:
+        assert res.tokens == dec.generate(prompt, max_tokens=30, sampling=GREEDY,
+                                          draft_max=0).tokens
+    shadows = [o.shadow for o in policy.outcomes]
+    assert all(not s for s in shadows[:12]) and all(not s for s in shadows[13:])
+    shadow = shadows[12]
+    assert len(shadow) == 12
+
+    history = prompt + res.tokens[:12]
+    n = len(prompt)
+    draft, target = dec.draft, dec.target
+    draft.clear()
+    draft.decode(history[: n - 1], "none")
+    draft.decode(history[n - 1 :], "all")  # the same batch the catch-up decoded
+    q_rows = [draft.logits_row(i).copy() for i in range(12)]
+    expected = []
+    for i in range(12):
+        x = history[n + i]
+        target.clear()
+        target.decode(history[: n + i], "last")
+        p = probabilities(target.logits_row(-1), sampling)
+        if sampling.greedy:
+            expected.append(float(int(np.argmax(q_rows[i])) == x))
+        else:
+            q = probabilities(q_rows[i], sampling)
+            expected.append(min(1.0, float(q[x]) / float(p[x])))
+    dec.reset()
+    assert shadow == pytest.approx(expected, rel=1e-3, abs=1e-4)
+    assert 0 < sum(shadow) < 12  # the tiny draft agrees often, not always
+
+    if sampling.greedy:
+        return  # a greedy draft is never cut by p_min
+    # Where the draft's top token is below p_min it would not have drafted: those
+    # positions are no evidence either way (a cut draft is not a rejection).
+    tops = [float(probabilities(q, sampling).max()) for q in q_rows]
+    p_min = float(np.median(tops))
+    dec.p_min = p_min
+    try:
+        policy = _PauseThenDraft(12)
+        again = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=policy)
+    finally:
+        dec.p_min = 0.0
+    assert again.tokens[:12] == res.tokens[:12]  # the target alone drew them
+    kept = [e for e, top in zip(expected, tops) if top >= p_min]
+    assert 0 < len(kept) < 12
+    assert policy.outcomes[12].shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)

@@ -61,16 +61,21 @@ class GenerationStream(Iterator[Event]):
             self._events.close()
 
 
-def make_strategy(mode: DraftMode, decoder: SpeculativeDecoder) -> DraftStrategy | None:
+def make_strategy(
+    mode: DraftMode, decoder: SpeculativeDecoder, target_p: dict[int, float] | None = None
+) -> DraftStrategy | None:
     """The draft strategy for a mode; None means the target decodes alone.
 
     - "model": the draft model (none loaded: the target alone);
     - "lookup": prompt lookup over prompt + generated text, no draft model used;
     - "hybrid": lookup when the context has a match, the draft model otherwise
       (without a draft model it is the same as "lookup").
+
+    target_p: p(token) where the target drew alone (see ModelDraft).
     """
     check_draft_mode(mode)
-    model = ModelDraft(decoder.draft, decoder.p_min) if decoder.draft is not None else None
+    model = (ModelDraft(decoder.draft, decoder.p_min, target_p)
+             if decoder.draft is not None else None)
     if mode == "model":
         return model
     if mode == "lookup" or model is None:
@@ -151,6 +156,11 @@ class SpeculativeDecoder:
     def _draft_s(self) -> float:
         return self.draft.decode_s if self.draft is not None else 0.0
 
+    def _draft_behind(self, committed: list[int]) -> int:
+        if self.draft is None:
+            return 0
+        return max(0, len(committed) - 1 - len(self.draft.cached))
+
     def reset(self) -> None:
         """Forget everything in both KV caches."""
         self.target.clear()
@@ -201,7 +211,8 @@ class SpeculativeDecoder:
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
         mode = draft_mode or self.default_draft_mode
-        strategy = make_strategy(mode, self)
+        target_p: dict[int, float] = {}  # filled by the round loop, read by ModelDraft
+        strategy = make_strategy(mode, self, target_p)
         if strategy is not None and draft_max != 0:
             check_rewindable(self.target, "target")  # lookup drafts are cut back too
         committed = self.tokenize(prompt)
@@ -215,7 +226,7 @@ class SpeculativeDecoder:
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         stream = GenerationStream()
         stream._events = self._run(stream, committed, max_tokens, params, policy, mode,
-                                   strategy, stop, keep_cache)
+                                   strategy, stop, keep_cache, target_p)
         return stream
 
     def _run(
@@ -229,6 +240,7 @@ class SpeculativeDecoder:
         strategy: DraftStrategy | None,
         stop: Sequence[str],
         keep_cache: bool,
+        target_p: dict[int, float],
     ) -> Generator[Event, None, None]:
         n_prompt = len(committed)
         rng = np.random.default_rng(params.seed)
@@ -249,6 +261,10 @@ class SpeculativeDecoder:
             kept = self.draft.sync_to(prefix)  # every cache stays a prefix of the history
             if mode != "lookup" and policy.may_draft("model"):
                 self.draft.decode(prefix[kept:], "none")
+        # While the policy keeps the draft model idle but may call it back, note p(x) of
+        # each token the target draws alone: catching up, the draft shows how often it
+        # would have guessed them (RoundOutcome.shadow), without drafting.
+        shadow = self.draft is not None and mode != "lookup" and policy.may_draft("model")
         stats.prompt_reused = reused
         stats.prompt_s = time.perf_counter() - t0
         yield PromptEvaluated(n_prompt, reused, stats.prompt_s)
@@ -298,6 +314,10 @@ class SpeculativeDecoder:
                         lambda i, r: sample_logits(target.logits_row(i), params, r),
                     )
 
+                if shadow and not draft.tokens:
+                    target_p[len(committed)] = 1.0 if params.greedy else float(
+                        probabilities(target.logits_row(0), params)[x])
+
                 # Commit d1..dm and x, stopping at end-of-generation or max_tokens.
                 new = [*draft.tokens[:m], x]
                 emitted: list[int] = []
@@ -338,6 +358,10 @@ class SpeculativeDecoder:
                         target.decode_s - target_s0_round,
                         self._draft_s() - draft_s0_round,
                         time.perf_counter() - t_round,
+                        tuple(draft.shadow),
+                        draft.steps_s,
+                        self._draft_behind(committed),
+                        draft.caught_up,
                     )
                 )
 

@@ -7,7 +7,7 @@ acceptance rule needs to stay exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -15,10 +15,20 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from .llama import Model
-from .sampling import SamplingParams, probabilities, sample, sample_from_logits
+from .sampling import (
+    SamplingParams,
+    first_draft_acceptance,
+    probabilities,
+    sample,
+    sample_from_logits,
+)
 from .settings import DRAFT_MODES
 
 DraftMode = Literal["model", "lookup", "hybrid"]
+
+#: At most this many rows of a catch-up are read for `Draft.shadow` (each row read costs
+#: the draft's output layer and a softmax; the latest tokens tell most about now).
+SHADOW_ROWS = 64
 
 
 @dataclass
@@ -26,6 +36,15 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     qs: list[np.ndarray | None] = field(default_factory=list)
     source: Literal["model", "lookup"] = "model"
+    #: First-draft acceptance the draft model showed while catching up on tokens the
+    #: target decoded alone (see `first_draft_acceptance`): what paused rounds teach.
+    shadow: list[float] = field(default_factory=list)
+    #: Draft model decode time of the steps after the first: k - 1 single tokens, each
+    #: right after the last (what a draft step costs in the loop, apart from waking up).
+    steps_s: float = 0.0
+    #: Committed tokens before `last` the draft model decoded first, in the same batch
+    #: (0 when its cache was up to date; 1 after a fully accepted round).
+    caught_up: int = 0
 
 
 #: (source name, match length of a lookup draft or 0) -> the draft length the policy
@@ -56,11 +75,18 @@ class ModelDraft:
     `p_min` stops a draft early when the draft's most likely next token has less
     than that probability. The decision depends on q alone, never on which token
     is then drawn, so the acceptance rule stays exact.
+
+    `target_p` maps positions of the history the target decoded alone (no draft) to
+    p(token) of the token it drew there. When the draft catches up on such positions it
+    reads its logits there too and reports, in `Draft.shadow`, whether it would have
+    guessed them: a measure of acceptance that costs no target time.
     """
 
-    def __init__(self, model: Model, p_min: float = 0.0) -> None:
+    def __init__(self, model: Model, p_min: float = 0.0,
+                 target_p: Mapping[int, float] | None = None) -> None:
         self.model = model
         self.p_min = p_min
+        self.target_p: Mapping[int, float] = target_p if target_p is not None else {}
         self._drafted = False  # the model decoded since the last settle()
 
     def propose(
@@ -81,8 +107,9 @@ class ModelDraft:
         if kept == len(committed):
             m.truncate(kept - 1)
             kept -= 1
-        m.decode(committed[kept:], "last")
-        draft = Draft()
+        draft = Draft(caught_up=len(committed) - 1 - kept)
+        self._catch_up(committed, kept, params, draft)
+        steps_from = m.decode_s
         for i in range(k):
             logits = m.logits_row(-1)
             if self.p_min > 0.0:
@@ -98,7 +125,25 @@ class ModelDraft:
                 draft.qs.append(q_drawn)
             if i + 1 < k:
                 m.decode([token], "last")
+        draft.steps_s = m.decode_s - steps_from
         return draft
+
+    def _catch_up(self, committed: list[int], kept: int, params: SamplingParams,
+                  draft: Draft) -> None:
+        """Decode committed[kept:]; where it holds tokens the target drew alone, read the
+        rows that predicted them (the last SHADOW_ROWS at most) into draft.shadow."""
+        n = len(committed)
+        first = max(kept, n - SHADOW_ROWS)
+        alone = [j for j in range(first + 1, n) if j in self.target_p]
+        if not alone:
+            self.model.decode(committed[kept:], "last")
+            return
+        self.model.decode(committed[kept:first], "none")
+        self.model.decode(committed[first:], "all")
+        chances = (first_draft_acceptance(self.model.logits_row(j - first - 1), committed[j],
+                                          self.target_p[j], params, self.p_min)
+                   for j in alone)
+        draft.shadow = [c for c in chances if c is not None]
 
     def settle(self, committed: list[int]) -> None:
         # A round without a draft leaves the cache a prefix of committed[:-1] already.

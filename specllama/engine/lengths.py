@@ -29,6 +29,16 @@ class RoundOutcome:
     target_s: float  # target decode time of this round (one pass of k+1 tokens)
     draft_s: float  # draft model decode time of this round (0 for lookup)
     seconds: float = 0.0  # wall time of the round (0: not measured)
+    #: First-draft acceptance the draft model showed on tokens the target drew alone in
+    #: earlier rounds, read while it caught up this round (`Draft.shadow`).
+    shadow: tuple[float, ...] = ()
+    #: Of draft_s, the k - 1 draft steps after a round's first (`Draft.steps_s`).
+    draft_steps_s: float = 0.0
+    #: Committed tokens the draft model's cache lacks after this round, beyond the newest
+    #: (0 with no draft model): what its next draft decodes in one batch with the newest.
+    draft_behind: int = 0
+    #: Of those, the ones this round's model draft caught up on (`Draft.caught_up`).
+    draft_caught_up: int = 0
 
 
 class DraftLengthPolicy(Protocol):

@@ -5,13 +5,16 @@ the decode costs measured once per model and machine (`calibration`) and the
 acceptance rate per draft position estimated as it goes, per draft source. k = 0
 is plain target decoding, kept unless the best k > 0 is expected to be at least
 `margin` faster: never meaningfully slower than the target alone. While paused it
-drafts a short probe after PROBE_EVERY rounds, then ever more rarely, so the acceptance estimate can
-recover, but only where drafting could pay at an optimistic acceptance rate.
+drafts a short probe after PROBE_EVERY rounds of a call, then ever more rarely, so the
+acceptance estimate can recover, but only where drafting could pay at an optimistic
+acceptance rate. A probe's draft model, catching up, also reports how often it would
+have guessed each token the target drew alone meanwhile (RoundOutcome.shadow): the
+estimate learns from every paused token, not just from the probe's two drafts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..engine.lengths import RoundOutcome
@@ -25,20 +28,51 @@ AUTO_MAX_DRAFT = 15  # auto verifies at most 16 tokens at once (the calibrated r
 LEARN = 0.1  # weight of the latest round in the running cost estimates
 SPIKE = 1.5  # a round's time counts as at most this many times the running estimate
 LEARN_FIRST, SPIKE_FIRST, FIRST_ROUNDS = 0.5, 4.0, 8  # a decoder's first rounds weigh more
+AVERAGE_FIRST = 4  # a batch size's first decodes are averaged (LoopCosts.observe)
 #: Acceptance is learnt per source; lookup drafts after a match of LONG_MATCH tokens or
 #: more (the whole n-gram window of engine/lookup.py repeated: real copying) apart from
 #: shorter ones. Measured here on the copy and built-in prompts, first-token acceptance:
 #: short matches 0.77 greedy, 0.70 at T = 0.8; long ones 1.00 and 0.86-1.00.
 SOURCES = ("model", "lookup", "lookup-long")
 LONG_MATCH = 8
-PROBE_EVERY = 16  # paused rounds before the first probe; the gap doubles after each
-#: A probe costs more than its drafts: the draft model first catches up on every token of
-#: the paused rounds (12% of the F32 pair's time with a probe every 16 rounds, measured
-#: here), so probes that change nothing come ever rarer, down to one in this many rounds.
+#: A probe costs more than its drafts: the draft model first catches up on every token
+#: the target decoded alone since the call began (a batch of 32 cost 90 ms here, 3.3 F32
+#: target steps), so what probing costs grows with how late in a call the last probe
+#: comes: 12% of a paused call's time with a probe every 16 rounds. Reading the draft's
+#: rows while it catches up (RoundOutcome.shadow) tells how it would have done on every
+#: paused token, so one early probe says much: the first comes after PROBE_EVERY paused
+#: rounds of a call, each next one PROBE_GROWTH times later, at most PROBE_EVERY_MAX.
+PROBE_EVERY = 8
+PROBE_GROWTH = 4
 PROBE_EVERY_MAX = 256
 PROBE_K = 2
-#: Probe only if drafting would pay at this acceptance (or the estimate, if higher).
+#: Probe only if drafting would pay at this acceptance (or the estimate, if higher),
+#: or at the estimate's upper bound (UPPER_Z deviations) once the first draft position
+#: has been seen often: on the F32 pair at T = 0.8 (first-draft acceptance ~0.6) probes
+#: kept coming though the shadow of every paused token said they would not pay.
 OPTIMISTIC_ALPHA = 0.9
+UPPER_Z = 2.0
+#: A new call keeps this share of the acceptance evidence: a new text may differ, so
+#: its first probe is not ruled out by the last call's estimate.
+CARRY_OVER = 0.5
+#: Drafting resumes after a pause only if it pays for the draft model's catch-up too
+#: (every token it missed, in one batch: 8 tokens cost 2.4 draft steps here), spread
+#: over this many rounds; and once drafting, auto keeps at it while the best k is
+#: expected at least as fast as the target alone (KEEP_MARGIN), not `margin` faster.
+#: Without that band, an estimate near the boundary (F32 pair, greedy: acceptance
+#: 0.72-0.76) flipped drafting on and off every few rounds, each flip a catch-up.
+RESUME_HORIZON = 16
+KEEP_MARGIN = 0.0
+#: T(1), the cost of the target alone that every decision is weighed against, is only
+#: seen in rounds without a draft: while drafting pays by less than MARGINAL, one round
+#: in REFERENCE_EVERY decodes plainly (about 1% of the time at a 1.15x gain). Without
+#: it, T(1) kept a first decode's 49 ms where later ones took 34 (F32 pair, greedy):
+#: auto predicted 1.15x and ran at 0.86x.
+REFERENCE_EVERY = 16
+MARGINAL = 1.3
+#: What one token of catch-up costs until a catch-up is seen, in draft steps (SmolLM2
+#: Q4_0 here: a batch of 8 took 2.4 steps, of 64 13.3).
+CATCH_UP_PRIOR = 0.25
 
 
 class AcceptanceEstimate:
@@ -74,6 +108,28 @@ class AcceptanceEstimate:
             self.reached[i] = self.reached[i] * d + hit
             self.accepted[i] = self.accepted[i] * d + (hit and i < accepted)
 
+    def observe_first(self, chances: tuple[float, ...] | list[float]) -> None:
+        """Position 1 reached once per value, accepted with that probability (first-draft
+        acceptance measured without drafting: RoundOutcome.shadow)."""
+        d = self.decay
+        for chance in chances:
+            self.reached = [r * d for r in self.reached]
+            self.accepted = [a * d for a in self.accepted]
+            self.reached[0] += 1.0
+            self.accepted[0] += chance
+
+    def forget(self, keep: float) -> None:
+        """Keep this share of the evidence (a new text begins)."""
+        self.reached = [r * keep for r in self.reached]
+        self.accepted = [a * keep for a in self.accepted]
+
+    def upper(self) -> float:
+        """An upper confidence bound on first-draft acceptance (1 without evidence)."""
+        a, n = self.overall, self.reached[0]
+        if n <= 0:
+            return 1.0
+        return min(1.0, a + UPPER_Z * (max(a * (1 - a), 0.05) / n) ** 0.5)
+
     @property
     def overall(self) -> float:
         return (sum(self.accepted) + self.prior_weight * self.prior) / (
@@ -88,34 +144,51 @@ class AcceptanceEstimate:
 class LoopCosts:
     """The costs as the round loop meets them, learnt from every round.
 
-    Calibration times each model alone; in the loop they take turns. Measured on this
-    machine (SmolLM2 F32 target, Q4_0 draft, 2 threads): T(3) was 1.21-1.25 of a step
-    in the loop against 1.11 calibrated, and a round's first draft step 25 ms against
-    18 ms for the next ones and 18 ms calibrated (the target's decode evicts the draft's
-    weights). So: T(n) is the running mean of the loop's decodes of n tokens (the
-    calibrated curve, scaled to the loop, until one is seen), the draft step stays the
-    calibrated one (scaled alike), and the first step's extra, w_d, and our own time
-    per round and per drafted token are running means.
+    Calibration times each model alone; in the loop they take turns. Measured here
+    (SmolLM2 F32 target, Q4_0 draft, 2 threads): T(3) was 1.21-1.25 of a step in the loop
+    against 1.11 calibrated (Intel Xeon), and a draft step 13 ms in the loop against 7.9
+    ms calibrated (AMD EPYC: the target's decode evicts the draft's weights). So: T(n) is
+    the running mean of the loop's decodes of n tokens (the calibrated curve, scaled to
+    the loop, until one is seen); the draft step the running mean of the steps after a
+    round's first (the calibrated one, scaled alike, until a round drafts two); the first
+    step's extra, w_d, and our own time per round and per drafted token running means.
     """
 
     def __init__(self, curve: CostCurve, draft_step: float) -> None:
         self.curve = curve
         self.scale = 1.0  # loop / calibration, all batch sizes together
         self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
+        self._seen: dict[int, int] = {}  # n -> decodes of n tokens learnt from
         self.calibrated_draft_step = draft_step
+        self.loop_draft_step: float | None = None  # None until a round drafts two tokens
         self.draft_wake = 0.0
+        self.catch_up: float | None = None  # per token the draft model caught up on
         self.overhead = 0.0
         self.overhead_per_draft = 0.0
         self._rounds = 0
-        self._draft_warm = False  # the draft model decoded last round: no catch-up now
+        self.since_plain = REFERENCE_EVERY - 2  # rounds since one without a draft
 
     @property
     def draft_step(self) -> float:
-        """Calibrated, scaled like the target's decodes (the machine's state now)."""
+        """As measured in the loop; until then calibrated, scaled like the target's
+        decodes (the machine's state now)."""
+        if self.loop_draft_step is not None:
+            return self.loop_draft_step
         return self.calibrated_draft_step * self.scale
 
     def t(self, n: int) -> float:
         return self.verify.get(n, self.scale * self.curve.t(n))
+
+    def catch_up_s(self, behind: int) -> float:
+        """What the draft model's next draft spends catching up on `behind` tokens it
+        missed, beyond a round's usual first step (one missed token, after a fully
+        accepted round, is part of `draft_wake`)."""
+        if behind < 2:
+            return 0.0
+        per_token = self.catch_up
+        if per_token is None:
+            per_token = CATCH_UP_PRIOR * self.draft_step
+        return behind * per_token
 
     def round_costs(self, model: bool, verify: tuple[float, ...]) -> RoundCosts:
         """verify: T(1..k+1) for every k considered (built once for all sources)."""
@@ -130,24 +203,48 @@ class LoopCosts:
     def observe(self, outcome: RoundOutcome) -> None:
         k, n = outcome.k, outcome.k + 1
         self._rounds += 1
+        self.since_plain = 0 if k == 0 else self.since_plain + 1
         # Quick at first (a calibration taken on a busy machine can be ten times off),
         # then slow: a round then counts as at most 1.5x the running estimate (another
         # process's spike was 6x here). Spikes in the first rounds (the first decodes
         # after loading, weights still paging in: 3x here) fade within a few rounds.
-        first = self._rounds <= FIRST_ROUNDS
-        learn, spike = (LEARN_FIRST, SPIKE_FIRST) if first else (LEARN, SPIKE)
-        if outcome.target_s > 0:
+        early = self._rounds <= FIRST_ROUNDS
+        learn, spike = (LEARN_FIRST, SPIKE_FIRST) if early else (LEARN, SPIKE)
+        # The first decode of each size is not learnt from (49 ms against 34 for the
+        # next ones, F32 pair: llama.cpp builds a graph of that shape); the next
+        # AVERAGE_FIRST are averaged, then a running mean: auto drafts 4 only now and
+        # then, and T(5) learnt at LEARN alone stayed 20% low through a call.
+        count = self._seen[n] = self._seen.get(n, 0) + 1
+        if outcome.target_s > 0 and count > 1:
             seen = self.t(n)
             measured = min(max(outcome.target_s, seen / spike), seen * spike)
             self.scale += learn * (measured / self.curve.t(n) - self.scale)
-            self.verify[n] = seen + learn * (measured - seen)
-        # A model draft after rounds without one starts by catching its cache up on
-        # what they emitted: not a draft step's cost, so not learnt from.
-        if outcome.source == "model" and k > 0 and self._draft_warm:
-            wake = max(0.0, outcome.draft_s - k * self.draft_step)
-            wake = min(wake, self.draft_wake * SPIKE + self.draft_step)
-            self.draft_wake += LEARN * (wake - self.draft_wake)
-        self._draft_warm = outcome.source == "model" and k > 0
+            averaged = max(learn, 1.0 / (count - 1)) if count <= AVERAGE_FIRST + 1 else learn
+            self.verify[n] = seen + averaged * (measured - seen)
+        if outcome.source == "model" and k > 1 and outcome.draft_steps_s > 0:
+            step, seen = outcome.draft_steps_s / (k - 1), self.draft_step
+            if self.loop_draft_step is None:
+                self.loop_draft_step = min(step, seen * SPIKE_FIRST)
+            else:
+                step = min(max(step, seen / spike), seen * spike)
+                self.loop_draft_step = seen + learn * (step - seen)
+        # A round's first draft decode: one step, its wake-up (w_d) and, after rounds
+        # without a model draft, a catch-up on what they emitted, learnt apart.
+        if outcome.source == "model" and k > 0:
+            first = outcome.draft_s - outcome.draft_steps_s if outcome.draft_steps_s > 0 \
+                else outcome.draft_s - (k - 1) * self.draft_step
+            extra = max(0.0, first - self.draft_step)
+            behind = outcome.draft_caught_up
+            if behind < 2:
+                wake = min(extra, self.draft_wake * SPIKE + self.draft_step)
+                self.draft_wake += LEARN * (wake - self.draft_wake)
+            else:
+                per_token = max(0.0, extra - self.draft_wake) / behind
+                if self.catch_up is None:
+                    self.catch_up = min(per_token, self.draft_step)
+                else:
+                    per_token = min(per_token, self.catch_up * SPIKE + 1e-4)
+                    self.catch_up += learn * (per_token - self.catch_up)
         if outcome.seconds > 0:
             own = max(0.0, outcome.seconds - outcome.target_s - outcome.draft_s)
             own = min(own, (self.overhead + k * self.overhead_per_draft) * SPIKE + 1e-3)
@@ -165,6 +262,7 @@ class SourceState:
     paused: int = 0  # paused rounds since the last draft or probe
     probe_every: int = PROBE_EVERY  # paused rounds between two probes now
     decision: Decision | None = None  # valid until the acceptance estimate changes
+    drafting: bool = False  # its last decision drafted (so KEEP_MARGIN applies)
 
 
 class AutoState:
@@ -254,6 +352,7 @@ class _Tally:
     drafted: int = 0  # rounds where this policy chose k > 0 (probes included)
     k_sum: int = 0
     probes: int = 0
+    references: int = 0  # rounds decoded plainly to measure T(1) (REFERENCE_EVERY)
     speedup_sum: float = 0.0  # expected speedup, summed over drafting rounds
     last: Decision | None = None
 
@@ -271,20 +370,38 @@ class AutoDraftLength:
     # the acceptance known before it): tokens and seconds, summed.
     _expected_s: float = 0.0
     _alone_s: float = 0.0  # the target alone, for the same expected tokens
+    _behind: int = 0  # committed tokens the draft model lacks (RoundOutcome.draft_behind)
 
     @classmethod
     def for_decoder(cls, decoder: SpeculativeDecoder) -> AutoDraftLength:
-        return cls(AutoState.for_decoder(decoder))
+        state = AutoState.for_decoder(decoder)
+        # A new call is a new text: probe it soon, whatever the last one taught.
+        for src in state.sources.values():
+            # Probe in the first round if paused: the draft model is in step with the
+            # prompt then, so a probe costs the least it ever will.
+            src.paused, src.probe_every = PROBE_EVERY - 1, PROBE_EVERY
+            src.acceptance.forget(CARRY_OVER)
+            src.decision = None
+            src.drafting = False
+        return cls(state)
 
     def _decision(self, src: SourceState) -> Decision:
         if src.decision is None:
-            src.decision = decide(src.acceptance.rates(), src.costs, self.state.k_max,
-                                  self.margin)
+            costs, margin = src.costs, self.margin
+            if src is self.state.sources["model"]:
+                if src.drafting:
+                    margin = KEEP_MARGIN
+                else:  # resuming: the catch-up too, spread over the rounds it enables
+                    catch_up = self.state.loop.catch_up_s(self._behind)
+                    costs = replace(costs, draft_wake=costs.draft_wake
+                                    + catch_up / RESUME_HORIZON)
+            src.decision = decide(src.acceptance.rates(), costs, self.state.k_max, margin)
         return src.decision
 
     @staticmethod
     def _optimistic(src: SourceState) -> float:
-        return min(0.95, max(OPTIMISTIC_ALPHA, src.acceptance.overall))
+        estimate = src.acceptance
+        return min(0.95, max(OPTIMISTIC_ALPHA, estimate.overall), estimate.upper())
 
     def _hopeful(self, src: SourceState) -> Decision:
         """The decision at an optimistic acceptance: could drafting pay at all?"""
@@ -299,17 +416,23 @@ class AutoDraftLength:
         tally = self._tally.setdefault(source, _Tally())
         decision = self._decision(src)
         k = decision.k
+        src.drafting = k > 0
         tally.rounds += 1
         tally.last = decision
         if k > 0:
             src.paused = 0
             src.probe_every = PROBE_EVERY
-            tally.speedup_sum += decision.speedup
+            if (decision.speedup < MARGINAL
+                    and self.state.loop.since_plain >= REFERENCE_EVERY):
+                k = 0
+                tally.references += 1
+            else:
+                tally.speedup_sum += decision.speedup
         else:
             src.paused += 1
             if src.paused >= src.probe_every:
                 src.paused = 0
-                src.probe_every = min(PROBE_EVERY_MAX, 2 * src.probe_every)
+                src.probe_every = min(PROBE_EVERY_MAX, PROBE_GROWTH * src.probe_every)
                 hopeful = self._hopeful(src)
                 if hopeful.speculate:
                     k = max(1, min(PROBE_K, hopeful.best_k))
@@ -339,8 +462,15 @@ class AutoDraftLength:
         expected = self.state.source(source)
         tokens = expected_tokens(expected.acceptance.rates(), outcome.k)
         self._expected_s += expected.costs.round_s(outcome.k)
+        if outcome.source == "model" and outcome.k > 0:
+            self._expected_s += self.state.loop.catch_up_s(outcome.draft_caught_up)
         self._alone_s += expected.costs.round_s(0) * tokens
+        self._behind = outcome.draft_behind
         self.state.learn_costs(outcome)
+        if outcome.shadow:
+            model = self.state.source("model")
+            model.acceptance.observe_first(outcome.shadow)
+            model.decision = None
         if not any(self._chosen.values()):
             self._chosen.clear()
             return  # nobody was asked to draft: nothing to learn
