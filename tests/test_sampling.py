@@ -12,6 +12,7 @@ from specllama.engine.sampling import (
     residual,
     sample,
     sample_logits,
+    sample_logits_and_p,
     verify,
     verify_greedy,
 )
@@ -286,6 +287,22 @@ def test_sample_logits_with_filters_and_greedy():
     top2 = set(np.argsort(-logits)[:2].tolist())
     params = SamplingParams(temperature=1.0, top_k=2)
     assert {sample_logits(logits, params, rng) for _ in range(200)} <= top2
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=1.3, top_k=40, top_p=0.9, min_p=0.02),
+    SamplingParams(temperature=0.0),
+])
+def test_sample_logits_and_p_gives_the_drawn_tokens_probability(params):
+    """p(token) for the shadow acceptance: what `probabilities` gives that token, from
+    the same draw as `sample_logits`."""
+    logits = realistic_logits(np.random.default_rng(5))
+    p = probabilities(logits, params)
+    for seed in range(50):
+        token, p_token = sample_logits_and_p(logits, params, np.random.default_rng(seed))
+        assert token == sample_logits(logits, params, np.random.default_rng(seed))
+        assert p_token == pytest.approx(p[token], rel=1e-5)
 
 
 def test_sample_takes_unnormalised_float32_weights():

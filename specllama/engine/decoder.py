@@ -32,7 +32,7 @@ from .events import (
 from .lengths import DraftLengthPolicy, DraftMax, RoundOutcome, make_policy
 from .llama import Model
 from .lookup import HybridDraft, LookupDraft
-from .sampling import SamplingParams, probabilities, sample_logits, verify, verify_greedy
+from .sampling import SamplingParams, probabilities, sample_logits_and_p, verify, verify_greedy
 from .settings import default, validate_setting
 from .stats import Stats
 from .textstream import TextStream
@@ -303,20 +303,20 @@ class SpeculativeDecoder:
                 # Verify: one target pass over [last, d1..dk] gives p_1..p_{k+1}.
                 target.decode([committed[-1], *draft.tokens], "all" if draft.tokens else "last")
                 seen = _Seen(draft.tokens, draft.qs, target.logits_row, params)
+                p_drawn = 1.0  # p(x) of a token drawn from p directly (greedy: 1)
+
+                def draw(i: int, r: np.random.Generator) -> int:
+                    nonlocal p_drawn
+                    token, p_drawn = sample_logits_and_p(target.logits_row(i), params, r)
+                    return token
+
                 if params.greedy:
                     m, x = verify_greedy(seen.argmax, draft.tokens)
                 else:
-                    m, x = verify(
-                        seen.probs,
-                        draft.tokens,
-                        draft.qs,
-                        rng,
-                        lambda i, r: sample_logits(target.logits_row(i), params, r),
-                    )
+                    m, x = verify(seen.probs, draft.tokens, draft.qs, rng, draw)
 
                 if shadow and not draft.tokens:
-                    target_p[len(committed)] = 1.0 if params.greedy else float(
-                        probabilities(target.logits_row(0), params)[x])
+                    target_p[len(committed)] = p_drawn
 
                 # Commit d1..dm and x, stopping at end-of-generation or max_tokens.
                 new = [*draft.tokens[:m], x]

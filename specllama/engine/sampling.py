@@ -170,12 +170,24 @@ def sample_logits(logits: np.ndarray, params: SamplingParams, rng: np.random.Gen
     it samples the float32 weights exp((l - max) / T) as they are, skipping the
     normalised float64 vector `probabilities` builds.
     """
+    return sample_logits_and_p(logits, params, rng)[0]
+
+
+def sample_logits_and_p(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, float]:
+    """`sample_logits`, and p(token) under the processed distribution, from the same
+    weights (building `probabilities` again for it cost 0.3 ms a token here)."""
     if params.greedy:
-        return int(np.argmax(logits))
+        return int(np.argmax(logits)), 1.0
     n = logits.shape[-1]
     if 0 < params.top_k < n or params.top_p < 1.0 or params.min_p > 0.0:
-        return sample(probabilities(logits, params), rng)
-    return sample(_exp_shifted(_scaled(logits, params.temperature)), rng)
+        probs = probabilities(logits, params)
+        token = sample(probs, rng)
+        return token, float(probs[token])
+    weights = _exp_shifted(_scaled(logits, params.temperature))
+    token = sample(weights, rng)
+    return token, float(weights[token]) / float(np.add.reduce(weights, dtype=np.float64))
 
 
 def sample_from_logits(

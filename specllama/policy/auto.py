@@ -361,7 +361,6 @@ class _Tally:
     drafted: int = 0  # rounds where this policy chose k > 0 (probes included)
     k_sum: int = 0
     probes: int = 0
-    references: int = 0  # rounds decoded plainly to measure T(1) (REFERENCE_EVERY)
     speedup_sum: float = 0.0  # expected speedup, summed over drafting rounds
     last: Decision | None = None
 
@@ -435,7 +434,6 @@ class AutoDraftLength:
             if (decision.speedup < MARGINAL
                     and self.state.loop.since_plain >= REFERENCE_EVERY):
                 k = 0
-                tally.references += 1
             else:
                 tally.speedup_sum += decision.speedup
         else:
