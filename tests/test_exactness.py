@@ -372,3 +372,103 @@ def test_uneven_vocabularies_greedy_equals_the_target_alone(uneven_pairs, case):
                 assert spec.tokens == alone.tokens, (text, k)
     finally:
         dec.close()
+
+
+# ------------------------------------------ drafts whose length the draft's confidence sets
+
+
+class _StopsWhenUnsure:
+    """Up to 3 drafts a round, each row's decision taken on the draft model's confidence
+    there, as auto's stop rule does: below `low` stop, below `high` draw the token and end
+    the draft with it, else go on."""
+
+    def __init__(self, low: float = 0.0, high: float = 0.0) -> None:
+        self.low, self.high = low, high
+        self.steps = {"stop": 0, "last": 0, "more": 0}
+        self.seen: list[float] = []
+
+    def choose(self, source="model", match=0):
+        return 3
+
+    def extend(self, j, confidence):
+        self.seen.append(confidence)
+        step = "stop" if confidence < self.low else "last" if confidence < self.high else "more"
+        self.steps[step] += 1
+        return step
+
+    def observe(self, outcome):
+        pass
+
+    def describe(self):
+        return "stops when unsure"
+
+    def predicted_speedup(self):
+        return None
+
+    def may_draft(self, source="model"):
+        return True
+
+
+def unsure_policy(dec, prompt, params) -> _StopsWhenUnsure:
+    """Thresholds at the 30% and 60% points of the confidences a pilot run met, so each
+    of the three decisions is taken often."""
+    pilot = _StopsWhenUnsure()
+    empirical_joint(dec, prompt, params, CHAIN_TOKENS, 100, draft_max=pilot)
+    low, high = np.quantile(pilot.seen, [0.3, 0.6])
+    return _StopsWhenUnsure(float(low), float(high))
+
+
+def test_drafts_cut_by_the_draft_models_confidence_follow_the_target_distribution(chain_setup):
+    dec, probe, prompt = chain_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    policy = unsure_policy(dec, prompt, params)
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    counts, drafted_at, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS,
+                                            draft_max=policy)
+    assert min(policy.steps.values()) > CHAIN_RUNS // 4, policy.steps
+    assert drafted_at[2] > CHAIN_RUNS // 40  # some drafts still run to three tokens
+    pvalue = goodness_of_fit(counts, exact)
+    assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
+
+
+def test_the_confidence_test_rejects_a_cut_decided_by_the_drawn_token(chain_setup,
+                                                                      monkeypatch):
+    """The wrong rule: draw the token first and keep it only if q gave it enough
+    probability. What is verified then no longer comes from q: the test must see it."""
+    import specllama.engine.drafts as drafts
+
+    dec, probe, prompt = chain_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    real_sample, own, drawn = drafts.sample, np.random.default_rng(0), [0]
+
+    def peeking(logits, params, q=None):
+        drawn[0] = real_sample(q, own)  # a true draw from q, made before the decision
+        return float(q[drawn[0]])
+
+    monkeypatch.setattr(drafts, "confidence", peeking)
+    monkeypatch.setattr(drafts, "sample", lambda q, rng: drawn[0])
+    policy = unsure_policy(dec, prompt, params)
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS,
+                                   draft_max=policy)
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    assert goodness_of_fit(counts, exact) < 1e-6
+
+
+def test_greedy_drafts_cut_by_confidence_equal_the_target_alone(chain_setup):
+    """Greedy, the confidence is the draft model's raw softmax (q is one-hot): drafts
+    that end on it give the target's own greedy text, token for token."""
+    dec, _, _ = chain_setup
+    greedy = SamplingParams(temperature=0.0)
+    pilot = _StopsWhenUnsure()
+    prompts = CHAIN_BASES[:6]
+    for text in prompts:
+        dec.generate(text, max_tokens=24, sampling=greedy, draft_max=pilot)
+    low, high = np.quantile(pilot.seen, [0.3, 0.6])
+    policy = _StopsWhenUnsure(float(low), float(high))
+    for text in prompts:
+        alone = dec.generate(text, max_tokens=24, sampling=greedy, draft_max=0).tokens
+        assert dec.generate(text, max_tokens=24, sampling=greedy, draft_max=policy).tokens \
+            == alone, text
+    assert min(policy.steps.values()) > 10, policy.steps

@@ -23,7 +23,9 @@ from specllama.policy.auto import (
     PROBE_EVERY_MAX,
     PROBE_GROWTH,
     REFERENCE_EVERY,
+    STOP_RULE_CAP,
     AcceptanceEstimate,
+    ConfidenceAcceptance,
 )
 from specllama.policy.calibration import CostCurve
 from specllama.policy.costs import (
@@ -205,14 +207,35 @@ def state_for(ratios, t1=0.01, draft_ratio=0.1, **kw) -> AutoState:
     return AutoState(CostCurve(tuple(t1 * r for r in ratios)), t1 * draft_ratio, **kw)
 
 
+def model_draft(policy, k: int, confidences) -> tuple[int, int]:
+    """What ModelDraft drafts when the policy allows k: it asks `extend` at each row it
+    reads, with the draft model's confidence there. Returns (drafted, rows read)."""
+    drafted = rows = 0
+    for j in range(k):
+        rows += 1
+        step = policy.extend(j, confidences[j])
+        if step == "stop":
+            break
+        drafted += 1
+        if step == "last":
+            break
+    return drafted, rows
+
+
 def run_rounds(policy, n, accept_all, source="model"):
+    """Drafts all accepted (the draft model sure of each: confidence 0.95) or all
+    rejected (unsure: 0.4)."""
     ks = []
+    sure = 0.95 if accept_all else 0.4
     for _ in range(n):
-        k = policy.choose(source)
+        k, rows = policy.choose(source), 0
+        if source == "model":
+            k, rows = model_draft(policy, k, [sure] * k)
         ks.append(k)
         st = policy.state
         policy.observe(RoundOutcome(k, k if accept_all else 0, source,
-                                    st.target.t(k + 1), k * st.costs(source).draft))
+                                    st.target.t(k + 1), rows * st.costs(source).draft,
+                                    confidences=(sure,) * k, draft_rows=rows))
     return ks
 
 
@@ -240,7 +263,9 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     assert ks[0] > 0  # still believes in drafting at first
     # (a single round without a draft while it drafts measures T(1): REFERENCE_EVERY)
     first_off = next(i for i in range(len(ks) - 1) if ks[i] == ks[i + 1] == 0)
-    assert first_off < 15
+    # (within 20 rounds: the sure drafts before ran to 8 tokens, and the first position's
+    # estimate borrows from all of them)
+    assert first_off < 20
     probes = [i for i in range(first_off, len(ks)) if ks[i] > 0]
     assert probes and all(ks[i] <= 2 for i in probes)  # short probes
     gaps = [b - a for a, b in itertools.pairwise(probes)]
@@ -509,13 +534,14 @@ def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
     policy = AutoDraftLength(st)
     ks = []
     for _ in range(60):
-        k = policy.choose("model")
+        k, rows = model_draft(policy, policy.choose("model"), [0.5] * 16)
         ks.append(k)
-        t, draft = t1 * ratios[k], k * 0.3 * t1
+        t, draft = t1 * ratios[k], rows * 0.3 * t1
         policy.observe(RoundOutcome(k, 1 if k else 0, "model", t, draft, t + draft,
-                                    draft_behind=0 if k else 1))
+                                    draft_behind=0 if k else 1, confidences=(0.5,) * k,
+                                    draft_rows=rows))
     plain = [i for i, k in enumerate(ks) if k == 0]
-    assert ks[0] == 1 and plain[1] - plain[0] == REFERENCE_EVERY + 1
+    assert ks[0] >= 1 and plain[1] - plain[0] == REFERENCE_EVERY + 1
     # the first plain decode of a size is not learnt from; the second one is
     assert st.loop.t(1) == pytest.approx(t1, rel=0.05)
     after = ks[plain[1] + 1 :]
@@ -605,37 +631,50 @@ F32_CALIBRATED_MS = [32.9, 41.9, 45.1, 48.6, 48.6, 56.2, 60.4, 64.6, 69, 73, 77,
 F32_STEP_MS, F32_WAKE_MS, F32_CATCH_UP_MS, F32_CALIBRATED_STEP_MS = 12.5, 2.5, 2.6, 10.2
 
 
-def simulate(policy, agree, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0) -> float:
-    """Greedy generation of len(agree) tokens where the draft's token at position i is the
-    target's iff agree[i] (what teacher forcing measures), with the loop's costs and their
-    noise; returns the speedup over the target alone."""
+def simulate(policy, text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0) -> float:
+    """Greedy generation of len(text) tokens; text[i] = (the draft's token at position i is
+    the target's, the draft model's confidence there), what teacher forcing measures; the
+    loop's costs with their noise. Returns the speedup over the target alone."""
     rng = random.Random(seed)
     ms = lambda x: x * 1e-3 * rng.lognormvariate(0, 0.08)  # noqa: E731
     i, behind, total, paused = 0, 0, 0.0, []
-    n = len(agree)
+    n = len(text)
     while i < n:
         k = min(policy.choose("model"), n - i - 1)
+        k, rows = model_draft(policy, k, [c for _, c in text[i : i + k]])
         m = 0
-        while m < k and agree[i + m]:
+        while m < k and text[i + m][0]:
             m += 1
         target_s, draft_s, steps_s, shadow, caught_up = ms(loop_ms[k]), 0.0, 0.0, (), 0
-        if k > 0:
+        if rows > 0:
             caught_up = behind
             first = step_ms + F32_WAKE_MS + (F32_CATCH_UP_MS * behind if behind > 1 else 0)
-            steps_s = ms((k - 1) * step_ms)
+            steps_s = ms((rows - 1) * step_ms)
             draft_s = ms(first) + steps_s
             if behind > 1:
-                shadow = tuple(float(agree[p]) for p in paused[-64:])
+                shadow = tuple(float(text[p][0]) for p in paused[-64:])
             paused, behind = [], int(m == k)
         else:
             paused.append(i)
             behind += 1
         seconds = target_s + draft_s + (0.4 + 0.5 * k) * 1e-3
         policy.observe(RoundOutcome(k, m, "model", target_s, draft_s, seconds, shadow,
-                                    steps_s, behind, caught_up))
+                                    steps_s, behind, caught_up,
+                                    tuple(c for _, c in text[i : i + k]), rows))
         i += m + 1
         total += seconds
     return n * (loop_ms[0] + 0.4) * 1e-3 / total
+
+
+def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256):
+    """Drafts that match at rate alpha; the draft model's confidence says which will
+    (as measured on the F32 pair: P(match) about confidence + 0.15) or nothing."""
+    rng = random.Random(int(alpha * 100) + informative)
+    def token():
+        c = rng.betavariate(4 * (alpha - 0.12), 4 * (1.12 - alpha))
+        agree = rng.random() < (min(1.0, c + 0.12) if informative else alpha)
+        return agree, c
+    return [[token() for _ in range(n)] for _ in range(count)]
 
 
 def f32_auto() -> AutoDraftLength:
@@ -643,17 +682,49 @@ def f32_auto() -> AutoDraftLength:
     return AutoDraftLength(AutoState(CostCurve(ms), F32_CALIBRATED_STEP_MS * 1e-3))
 
 
+@pytest.mark.parametrize("informative", [True, False], ids=["confidence tells", "it does not"])
 @pytest.mark.parametrize("alpha", [0.55, 0.65, 0.75, 0.85, 0.95])
-def test_auto_comes_near_the_best_fixed_k_on_simulated_generations(alpha):
+def test_auto_comes_near_the_best_fixed_k_on_simulated_generations(alpha, informative):
     """On the F32 pair's measured costs (calibrated alone, then as the loop met them,
     with their noise) and drafts accepted at rate alpha, from drafting that cannot pay to
-    drafting that pays 1.4x: auto within 5% of the best of the target alone and fixed draft
-    lengths (which it must find, not be told), and never 3% below the target alone."""
-    rng = random.Random(int(alpha * 100))
-    texts = [[rng.random() < alpha for _ in range(256)] for _ in range(8)]
+    drafting that pays 1.4x: auto must find the best of the target alone and fixed draft
+    lengths, not be told, and never fall 3% below the target alone. Where the draft
+    model's confidence says which drafts will match (as it does on the F32 pair), the stop
+    rule must come within 3% of the best fixed k and beat it where drafts run long; where
+    it says nothing (its worst case), within 6%: this auto 0.94-0.99 there, and 0.97-1.05
+    where it tells."""
+    texts = texts_for(alpha, informative)
     fixed = {k: statistics.mean(simulate(FixedDraftLength(k), t, seed=s)
                                 for s, t in enumerate(texts)) for k in range(1, 7)}
     auto = statistics.mean(simulate(f32_auto(), t, seed=s) for s, t in enumerate(texts))
     best = max(1.0, *fixed.values())
-    assert auto >= 0.95 * best, (auto, fixed)
+    assert auto >= (0.97 if informative else 0.94) * best, (auto, fixed)
+    if informative and alpha >= 0.85:
+        assert auto >= best, (auto, fixed)
     assert auto >= 0.97, (auto, fixed)
+
+
+def test_confidence_acceptance_learns_what_each_confidence_is_worth():
+    known = ConfidenceAcceptance()
+    assert known.rate(0.95) > known.rate(0.35) > known.rate(0.05)  # the prior: sqrt
+    for _ in range(100):
+        known.observe((0.95, 0.95, 0.35, 0.95), 2)  # sure ones accepted, the unsure not
+    assert known.rate(0.95) > 0.95 and known.rate(0.35) < 0.05
+    seen = list(known.seen)
+    known.observe((0.35, 0.95), 0)  # rejected at once: the second was never verified
+    assert known.seen[9] == seen[9] and known.seen[3] > seen[3]
+
+
+def test_auto_drafts_long_where_the_draft_is_sure_and_stops_where_it_is_not():
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.1)
+    fixed_acceptance(st, "model", 0.8)
+    for _ in range(100):
+        st.confidence.observe((0.95,) * 4 + (0.35,), 4)
+    policy = AutoDraftLength(st)
+    k = policy.choose("model")
+    assert k == STOP_RULE_CAP
+    assert model_draft(policy, k, [0.95] * k) == (k, k)
+    # the unsure third row is read (a step for nothing) and nothing drawn from it
+    assert model_draft(policy, k, [0.95, 0.95, 0.35] + [0.95] * 5) == (2, 3)
+    # the first token is always drawn; after an unsure one, nothing more is read
+    assert model_draft(policy, k, [0.35] + [0.95] * 7) == (1, 1)

@@ -313,6 +313,9 @@ class _PauseThenDraft:
         self.rounds += 1
         return 0 if self.rounds <= self.paused else 2
 
+    def extend(self, j, confidence):
+        return "more"
+
     def observe(self, outcome):
         self.outcomes.append(outcome)
 

@@ -292,7 +292,7 @@ class SpeculativeDecoder:
                     return min(policy.choose(source, match), lim)
 
                 draft = (
-                    strategy.propose(committed, choose_k, params, rng)
+                    strategy.propose(committed, choose_k, params, rng, policy.extend)
                     if strategy is not None and limit > 0
                     else Draft()
                 )
@@ -362,6 +362,8 @@ class SpeculativeDecoder:
                         draft.steps_s,
                         self._draft_behind(committed),
                         draft.caught_up,
+                        tuple(draft.confidences),
+                        draft.rows,
                     )
                 )
 

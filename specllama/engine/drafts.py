@@ -14,13 +14,14 @@ from typing import Literal, Protocol
 import numpy as np
 
 from ..errors import InvalidParameterError
+from .lengths import DraftStep
 from .llama import Model
 from .sampling import (
     SamplingParams,
+    confidence,
     first_draft_acceptance,
     probabilities,
     sample,
-    sample_from_logits,
 )
 from .settings import DRAFT_MODES
 
@@ -45,6 +46,19 @@ class Draft:
     #: Committed tokens before `last` the draft model decoded first, in the same batch
     #: (0 when its cache was up to date; 1 after a fully accepted round).
     caught_up: int = 0
+    #: The draft model's confidence at each drafted token (`sampling.confidence`).
+    confidences: list[float] = field(default_factory=list)
+    #: Rows the draft model read: len(tokens), plus one when it read a row and drew
+    #: nothing from it (cut by p_min or by the policy).
+    rows: int = 0
+
+
+#: (draft row j, the draft model's confidence there) -> what to do: DraftLengthPolicy.extend
+Extend = Callable[[int, float], DraftStep]
+
+
+def always_more(j: int, confidence: float) -> DraftStep:
+    return "more"
 
 
 #: (source name, match length of a lookup draft or 0) -> the draft length the policy
@@ -59,9 +73,11 @@ class DraftStrategy(Protocol):
         choose_k: ChooseK,
         params: SamplingParams,
         rng: np.random.Generator,
+        extend: Extend = always_more,
     ) -> Draft:
         """Up to choose_k(source, match) tokens that may follow `committed`; an empty Draft
-        when k is 0 (then nothing is decoded at all)."""
+        when k is 0 (then nothing is decoded at all). A model draft asks `extend` at each
+        row whether to go on."""
         ...
 
     def settle(self, committed: list[int]) -> None:
@@ -95,6 +111,7 @@ class ModelDraft:
         choose_k: ChooseK,
         params: SamplingParams,
         rng: np.random.Generator,
+        extend: Extend = always_more,
     ) -> Draft:
         k = choose_k("model", 0)
         if k <= 0:
@@ -112,19 +129,23 @@ class ModelDraft:
         steps_from = m.decode_s
         for i in range(k):
             logits = m.logits_row(-1)
-            if self.p_min > 0.0:
-                q = probabilities(logits, params)
-                if q.max() < self.p_min:
-                    break
-                token = int(np.argmax(q)) if params.greedy else sample(q, rng)
-                draft.tokens.append(token)
-                draft.qs.append(None if params.greedy else q)
-            else:
-                token, q_drawn = sample_from_logits(logits, params, rng)
-                draft.tokens.append(token)
-                draft.qs.append(q_drawn)
-            if i + 1 < k:
-                m.decode([token], "last")
+            draft.rows += 1
+            # Whether to draw token i depends on q_i alone (its top probability), never
+            # on the token drawn: a stop decided by the draw would bias what is verified.
+            q = None if params.greedy else probabilities(logits, params)
+            sure = confidence(logits, params, q)
+            if sure < self.p_min and q is not None:
+                break
+            step = extend(i, sure)
+            if step == "stop":
+                break
+            token = int(np.argmax(logits)) if q is None else sample(q, rng)
+            draft.tokens.append(token)
+            draft.qs.append(q)
+            draft.confidences.append(sure)
+            if step == "last" or i + 1 == k:
+                break
+            m.decode([token], "last")
         draft.steps_s = m.decode_s - steps_from
         return draft
 

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from .decoder import SpeculativeDecoder
 
 Source = Literal["model", "lookup"]
+#: What a draft model does at draft row j, once it has read the row: "stop" (draft nothing
+#: more: token j is not drawn), "last" (draw token j and end the draft with it) or "more"
+#: (draw it and decode it, to read row j + 1).
+DraftStep = Literal["stop", "last", "more"]
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,24 @@ class RoundOutcome:
     draft_behind: int = 0
     #: Of those, the ones this round's model draft caught up on (`Draft.caught_up`).
     draft_caught_up: int = 0
+    #: The draft model's confidence at each drafted token (`Draft.confidences`).
+    confidences: tuple[float, ...] = ()
+    #: Rows of its own the draft model read (`Draft.rows`): k, or k + 1 when a row was
+    #: read and the draft ended there (a step decoded for nothing).
+    draft_rows: int = 0
 
 
 class DraftLengthPolicy(Protocol):
     def choose(self, source: str = "model", match: int = 0) -> int:
         """Draft length for the next round from this source (0 = plain target step);
         `match`: how many tokens a lookup draft's match spans (its evidence)."""
+        ...
+
+    def extend(self, j: int, confidence: float) -> DraftStep:
+        """At row j (0-based) of a model draft of at most the chosen k: go on or stop.
+        `confidence` is the draft model's probability of its likeliest token there, so
+        the draft length depends on the draft's distributions alone (which keeps the
+        acceptance rule exact), never on the token then drawn."""
         ...
 
     def observe(self, outcome: RoundOutcome) -> None:
@@ -73,6 +89,9 @@ class FixedDraftLength:
 
     def choose(self, source: str = "model", match: int = 0) -> int:
         return self.k
+
+    def extend(self, j: int, confidence: float) -> DraftStep:
+        return "more"
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InvalidParameterError
-from .drafts import ChooseK, Draft, DraftStrategy
+from .drafts import ChooseK, Draft, DraftStrategy, Extend, always_more
 from .sampling import SamplingParams
 
 #: Default n-gram lengths searched, longest first. Matches of one or two tokens
@@ -204,6 +204,7 @@ class LookupDraft:
         choose_k: ChooseK,
         params: SamplingParams,
         rng: np.random.Generator,
+        extend: Extend = always_more,
     ) -> Draft:
         if not self.has_match(committed):
             return Draft()
@@ -239,6 +240,7 @@ class HybridDraft:
         choose_k: ChooseK,
         params: SamplingParams,
         rng: np.random.Generator,
+        extend: Extend = always_more,
     ) -> Draft:
         self._model_drafted = False
         if self.lookup.has_match(committed):
@@ -250,7 +252,7 @@ class HybridDraft:
         if self.model is None:
             return Draft()
         self._model_drafted = True
-        return self.model.propose(committed, choose_k, params, rng)
+        return self.model.propose(committed, choose_k, params, rng, extend)
 
     def settle(self, committed: list[int]) -> None:
         self.lookup.settle(committed)

@@ -190,14 +190,13 @@ def sample_logits_and_p(
     return token, float(weights[token]) / float(np.add.reduce(weights, dtype=np.float64))
 
 
-def sample_from_logits(
-    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
-) -> tuple[int, np.ndarray | None]:
-    """A token and the distribution it came from (None when greedy: all mass on it)."""
+def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
+    """The draft model's probability of its likeliest token: the top of q (its processed
+    distribution, computed from `logits` unless given), or for greedy, where q is
+    one-hot, the top of the softmax of the raw logits (the model's own certainty)."""
     if params.greedy:
-        return int(np.argmax(logits)), None
-    q = probabilities(logits, params)
-    return sample(q, rng), q
+        return 1.0 / float(np.add.reduce(_exp_shifted(_scaled(logits, 1.0)), dtype=np.float64))
+    return float((probabilities(logits, params) if q is None else q).max())
 
 
 def on_target_vocab(q: np.ndarray, n_target: int) -> np.ndarray:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..engine.lengths import RoundOutcome
+from ..engine.lengths import DraftStep, RoundOutcome
 
 
 class HeuristicDraftLength:
@@ -13,6 +13,9 @@ class HeuristicDraftLength:
 
     def choose(self, source: str = "model", match: int = 0) -> int:
         return self.k
+
+    def extend(self, j: int, confidence: float) -> DraftStep:
+        return "more"
 
     def observe(self, outcome: RoundOutcome) -> None:
         if outcome.k == 0:
