@@ -88,6 +88,9 @@ CATCH_UP_PRIOR = 0.25
 #: against 1.01x); past 8 tokens the gain was under 1%.
 STOP_RULE_CAP = 8
 CONFIDENCE_BINS = 10
+#: The prediction counts what each drafted token's confidence says once this many
+#: verified drafts (decayed) have taught what confidences are worth.
+CONFIDENCE_EVIDENCE = 30
 
 
 class AcceptanceEstimate:
@@ -196,6 +199,10 @@ class ConfidenceAcceptance:
     def forget(self, keep: float) -> None:
         self.seen = [n * keep for n in self.seen]
         self.accepted = [a * keep for a in self.accepted]
+
+    @property
+    def evidence(self) -> float:
+        return sum(self.seen)
 
 
 class LoopCosts:
@@ -561,7 +568,14 @@ class AutoDraftLength:
         source = self._key_of.get(outcome.source, outcome.source)
         self._key_of.clear()
         expected = self.state.source(source)
-        tokens = expected_tokens(expected.acceptance.rates(), outcome.k)
+        known = self.state.confidence
+        if outcome.confidences and known.evidence >= CONFIDENCE_EVIDENCE:
+            # What the draft model's confidence at each token said: the stop rule keeps
+            # the sure tokens, which the acceptance per position does not know (greedy,
+            # it predicted 0.97x-1.19x where 1.14x-1.38x were measured).
+            tokens = expected_tokens([known.rate(c) for c in outcome.confidences], outcome.k)
+        else:
+            tokens = expected_tokens(expected.acceptance.rates(), outcome.k)
         costs = expected.costs
         self._expected_s += costs.round_s(outcome.k)
         if outcome.source == "model" and outcome.draft_rows > 0:
@@ -594,7 +608,7 @@ class AutoDraftLength:
         m, k = outcome.accepted, outcome.k
         self._tally.setdefault(source, _Tally()).k_sum += k
         if outcome.confidences:
-            self.state.confidence.observe(outcome.confidences, m)
+            known.observe(outcome.confidences, m)
         if m < k:
             reached = m + 1  # rejected at m + 1
         else:
