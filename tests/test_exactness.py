@@ -13,6 +13,7 @@ import pytest
 
 import specllama.engine.sampling as sampling_module
 from specllama import DraftProposed, Finished, SamplingParams, SpeculativeDecoder
+from specllama.engine.lengths import FixedDraftLength
 from specllama.engine.llama import Model
 from specllama.engine.sampling import probabilities
 
@@ -377,36 +378,22 @@ def test_uneven_vocabularies_greedy_equals_the_target_alone(uneven_pairs, case):
 # ------------------------------------------ drafts whose length the draft's confidence sets
 
 
-class _StopsWhenUnsure:
+class _StopsWhenUnsure(FixedDraftLength):
     """Up to 3 drafts a round, each row's decision taken on the draft model's confidence
     there, as auto's stop rule does: below `low` stop, below `high` draw the token and end
     the draft with it, else go on."""
 
     def __init__(self, low: float = 0.0, high: float = 0.0) -> None:
+        super().__init__(3)
         self.low, self.high = low, high
         self.steps = {"stop": 0, "last": 0, "more": 0}
         self.seen: list[float] = []
-
-    def choose(self, source="model", match=0):
-        return 3
 
     def extend(self, j, confidence):
         self.seen.append(confidence)
         step = "stop" if confidence < self.low else "last" if confidence < self.high else "more"
         self.steps[step] += 1
         return step
-
-    def observe(self, outcome):
-        pass
-
-    def describe(self):
-        return "stops when unsure"
-
-    def predicted_speedup(self):
-        return None
-
-    def may_draft(self, source="model"):
-        return True
 
 
 def unsure_policy(dec, prompt, params) -> _StopsWhenUnsure:

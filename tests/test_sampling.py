@@ -6,6 +6,7 @@ import pytest
 from specllama import InvalidParameterError, SamplingParams
 from specllama.engine.sampling import (
     acceptance_probability,
+    confidence,
     first_draft_acceptance,
     on_target_vocab,
     probabilities,
@@ -350,3 +351,18 @@ def test_first_draft_acceptance_greedy_and_edges():
     assert first_draft_acceptance(flat, 1, 0.5, sampled, p_min=0.2) is None
     assert first_draft_acceptance(flat, 1, 0.5, sampled, p_min=0.1) == pytest.approx(0.25)
     assert first_draft_acceptance(flat, 1, 1.0, greedy, p_min=0.9) == 0.0  # greedy: never cut
+
+
+def test_confidence_is_the_drafts_top_probability_greedy_or_sampled():
+    """Sampled: the top of the processed q. Greedy (q one-hot): the top of the raw
+    softmax, the draft model's own certainty. The logits are left as they were."""
+    logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
+    kept = logits.copy()
+    greedy = SamplingParams(temperature=0.0)
+    assert confidence(logits, greedy) == pytest.approx(softmax(logits.astype(float)).max())
+    np.testing.assert_array_equal(logits, kept)
+    sampled = SamplingParams(temperature=0.5, top_k=2)
+    q = probabilities(logits, sampled)
+    assert confidence(logits, sampled) == pytest.approx(q.max())
+    assert confidence(logits, sampled, q) == pytest.approx(q.max())
+    assert confidence(logits, sampled) > confidence(logits, SamplingParams(temperature=1.0))

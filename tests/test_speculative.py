@@ -383,3 +383,24 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     kept = [e for e, top in zip(expected, tops) if top >= p_min]
     assert 0 < len(kept) < 12
     assert policy.outcomes[12].shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)
+
+
+def test_a_greedy_draft_reads_its_confidence_only_for_a_stop_rule(dec, monkeypatch):
+    """Greedy, the draft's confidence is a softmax over the whole vocabulary: a fixed draft
+    length never asks for it, a policy with a stop rule (auto) gets it at every row."""
+    import specllama.engine.drafts as drafts
+
+    real, calls = drafts.confidence, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drafts, "confidence", counted)
+    fixed = dec.generate("The quick brown fox", max_tokens=12, sampling=GREEDY, draft_max=3)
+    assert fixed.stats.drafted > 0 and calls == []
+
+    ruled = dec.generate("The quick brown fox", max_tokens=12, sampling=GREEDY,
+                         draft_max=_PauseThenDraft(paused=0))  # its own extend: a rule
+    assert ruled.tokens == fixed.tokens
+    assert len(calls) == ruled.stats.drafted > 0

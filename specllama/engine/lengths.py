@@ -23,6 +23,11 @@ Source = Literal["model", "lookup"]
 DraftStep = Literal["stop", "last", "more"]
 
 
+def always_more(j: int, confidence: float) -> DraftStep:
+    """`DraftLengthPolicy.extend` of a policy whose drafts run to the k it chose."""
+    return "more"
+
+
 @dataclass(frozen=True)
 class RoundOutcome:
     """What one round cost and gave: the input of adaptive policies."""
@@ -90,8 +95,7 @@ class FixedDraftLength:
     def choose(self, source: str = "model", match: int = 0) -> int:
         return self.k
 
-    def extend(self, j: int, confidence: float) -> DraftStep:
-        return "more"
+    extend = staticmethod(always_more)
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass

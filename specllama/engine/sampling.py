@@ -195,7 +195,8 @@ def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None 
     distribution, computed from `logits` unless given), or for greedy, where q is
     one-hot, the top of the softmax of the raw logits (the model's own certainty)."""
     if params.greedy:
-        return 1.0 / float(np.add.reduce(_exp_shifted(_scaled(logits, 1.0)), dtype=np.float64))
+        weights = _exp_shifted(np.array(logits, dtype=np.float32))  # a copy: logits stay
+        return 1.0 / float(np.add.reduce(weights, dtype=np.float64))
     return float((probabilities(logits, params) if q is None else q).max())
 
 
