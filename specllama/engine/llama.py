@@ -89,6 +89,20 @@ def _init_llama() -> None:
 
 LLAMA_CPP_VERSION = str(getattr(lc, "__version__", "?"))
 
+
+@functools.cache
+def _amx_built_in() -> bool:
+    """Whether this llama.cpp was compiled with its AMX kernels (built with -march=native
+    on a CPU that has AMX). Built by GCC 12 they crash on every batch of 2 or more
+    quantized tokens: the compiler drops the stores that fill the tile configuration, and
+    ldtilecfg faults on what is left (llama.cpp issue 20824; seen on a Xeon with AMX with
+    llama-cpp-python 0.3.36). AMX weights are an "extra buffer type", so such a build
+    loads models without extra buffer types: measured here, the CPU repacking that this
+    also turns off changed no decode of 1-8 tokens by more than the noise (2%)."""
+    info = lc.llama_print_system_info().decode("utf-8", errors="replace")
+    return "AMX_INT8 = 1" in info
+
+
 # ------------------------------------------------------------------ RPC devices
 # ggml's RPC backend (ggml-rpc.h, ggml-backend.h of the bundled llama.cpp), reached
 # through the registry the way llama.cpp's own tools do, so a build without it is a
@@ -291,6 +305,8 @@ class Model:
 
         self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         mparams = lc.llama_model_default_params()
+        if _amx_built_in():
+            mparams.use_extra_bufts = False
         if self.rpc:
             devices = _rpc_devices(self.rpc)
             self._devices = (_VP * (len(devices) + 1))(*devices, None)  # NULL-terminated
