@@ -71,11 +71,27 @@ def build_tools(version: str, sdist: Path | None) -> dict[str, Path]:
     # GGML_NATIVE as llama-cpp-python builds by default; LLAMA_CURL is gone in this
     # llama.cpp (deprecated, ignored): LLAMA_OPENSSL=OFF is what keeps it off the network.
     subprocess.run(["nice", "cmake", "-S", str(src), "-B", str(build),
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF"],
+                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF",
+                    *no_amx_flags()],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["nice", "cmake", "--build", str(build), "--target", *TOOLS, "-j", "2"],
                    check=True, stdout=subprocess.DEVNULL)
     return bins
+
+
+def no_amx_flags() -> list[str]:
+    """On a CPU with AMX, build without llama.cpp's AMX kernels: built by GCC 12 they crash
+    on any batch of quantized tokens (llama.cpp issue 20824), which is why specllama loads
+    models without extra buffer types on such a build (engine/llama.py, `_amx_built_in`).
+    GCC keeps an explicit -mno-* against -march=native, whatever their order."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    if " amx_int8" not in flags:
+        return []
+    off = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    return [f"-DCMAKE_C_FLAGS={off}", f"-DCMAKE_CXX_FLAGS={off}"]
 
 
 # -------------------------------------------------------------------- models, prompts
@@ -195,7 +211,7 @@ def specllama_once(args: argparse.Namespace, prompts_file: Path, temp: float, se
            "--reps", "1", "--max-tokens", str(args.max_tokens), "--seed", str(seed),
            "--threads", str(args.threads), "--n-ctx", str(args.n_ctx),
            "--temperature", f"{temp:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0",
-           "--json", str(out)]
+           "--draft-mode", args.draft_mode, "--json", str(out)]
     run(cmd, args.timeout)
     return json.loads(out.read_text())
 
@@ -269,6 +285,10 @@ def main() -> None:
     parser.add_argument("--prompts", help="prompts file as for specllama bench (default: built-in)")
     parser.add_argument("--prompt-ids", help="only these prompts (comma-separated ids)")
     parser.add_argument("--temperatures", default="0,0.8")
+    # llama-speculative-simple drafts with the model only; specllama's default (hybrid)
+    # also copies from the context, so the like-for-like comparison is "model".
+    parser.add_argument("--draft-mode", default="model", choices=("model", "hybrid"),
+                        help="specllama's draft mode (default: model, as llama.cpp's tool)")
     parser.add_argument("--n-max", default="2,3,4,8", help="llama.cpp --spec-draft-n-max sweep")
     # 0 is this llama.cpp's default; 0.75 was its default in older versions.
     parser.add_argument("--p-min", default="0,0.75", help="llama.cpp --spec-draft-p-min sweep")

@@ -229,6 +229,7 @@ def bench_once(target: Path, draft: Path, endpoint: str, args: argparse.Namespac
                out: Path, env: dict[str, str]) -> dict:
     cmd = [SPECLLAMA, "bench", "--target", str(target), "--draft", str(draft),
            "--rpc", endpoint, "--modes", "target,auto", "--temperature", "0",
+           "--draft-mode", "model",  # the remote target's cost curve against the model draft
            "--reps", str(args.reps), "--max-tokens", str(args.max_tokens),
            "--max-foreign", "1", "--recalibrate", "--json", str(out)]
     if args.threads:

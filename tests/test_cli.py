@@ -315,6 +315,13 @@ def test_lookup_and_hybrid_drafting_from_the_cli(run, tiny_target, tiny_draft, e
     assert data["stats"]["drafted"] > 0
 
 
+def test_a_pair_with_a_draft_model_drafts_hybrid_unless_told(run, tiny):
+    args = ["generate", "the cat the cat the cat", *tiny, "--raw", "--json", "--max-tokens", 8]
+    assert json.loads(run(*args).stdout)["settings"]["draft_mode"] == "hybrid"
+    told = run(*args, "--draft-mode", "model")
+    assert json.loads(told.stdout)["settings"]["draft_mode"] == "model"
+
+
 def test_model_mode_without_a_draft_model_is_an_error(run, tiny_target):
     result = run("generate", "hi", "--target", tiny_target, "--draft", "lookup",
                  "--draft-mode", "model")

@@ -248,7 +248,9 @@ WRONG_RULES = {
 
 @pytest.fixture(scope="module")
 def chain_setup(tiny_target, tiny_draft):
-    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
+    # Model drafts unless a case says otherwise (the prompt repeats itself for lookups).
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
+                                  draft_mode="model")
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = lookup_chain_prompt(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
     yield dec, probe, prompt

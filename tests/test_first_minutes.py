@@ -201,7 +201,7 @@ def test_the_spinner_says_what_loading_will_measure(tiny_target, tiny_draft, tmp
 def test_the_readme_opens_with_what_the_default_pair_does_and_how_to_see_speculation():
     text = README.read_text()
     head = text[: text.index("## What it does")]
-    assert "runs the target alone" in head
+    assert "barely speculates" in head and "The default draft mode, `hybrid`" in head
     for one_liner in ("specllama pairs check", "--draft-mode lookup", "--pair qwen7b"):
         assert one_liner in head, one_liner
     install = next(ln for ln in head.splitlines() if ln.startswith("python3 -m venv"))

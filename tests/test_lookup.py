@@ -267,6 +267,21 @@ def test_make_strategy_modes(dec, dec_lookup):
         make_strategy("ngram", dec)
 
 
+def test_the_default_draft_mode_is_hybrid_with_a_draft_model(dec, tiny_target):
+    """Lookup where the text repeats itself, the draft model elsewhere; without a draft
+    model the target decodes alone unless told to look up."""
+    assert dec.default_draft_mode == "hybrid"
+    sources = {e.source for e in dec.stream(REPETITIVE[1], max_tokens=40, sampling=GREEDY,
+                                            draft_max=4) if isinstance(e, DraftProposed)}
+    assert sources == {"lookup", "model"}
+    alone = SpeculativeDecoder.load(tiny_target, n_ctx=256, n_threads=1)
+    try:
+        assert alone.default_draft_mode == "model"
+        assert alone.generate(REPETITIVE[0], max_tokens=8, draft_max=4).stats.drafted == 0
+    finally:
+        alone.close()
+
+
 def test_load_lookup_has_no_draft_model_and_drafts_by_lookup(dec_lookup):
     assert dec_lookup.draft is None and dec_lookup.default_draft_mode == "lookup"
     prompt = "a b c d e f g a b c d e f g a b c"

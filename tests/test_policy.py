@@ -494,6 +494,27 @@ def test_long_lookup_matches_are_trusted_apart_from_short_ones():
     assert st.sources["lookup"].acceptance.reached[0] == 0.0  # learnt where it was drafted
 
 
+def test_hybrid_declines_a_lookup_where_the_model_drafts_better():
+    """A laptop-like pair (flat verification, a draft step at 0.1 of a target step), T =
+    0.8: short matches accepted 45% of the time pay against the target alone, a model
+    draft at 80% pays more, so once the model is in play the lookup gives way to it;
+    copying (95%) still wins, and with lookup alone (the model never asked) it drafts."""
+    st = state_for(FLAT_RATIOS, t1=0.06, draft_ratio=0.1)
+    fixed_acceptance(st, "model", 0.8)
+    fixed_acceptance(st, "lookup", 0.45)
+    lookup_only = AutoDraftLength(st)
+    assert all(lookup_only.choose("lookup", 4) > 0 for _ in range(3))
+
+    hybrid = AutoDraftLength(st)
+    assert hybrid.choose("lookup", 4) > 0  # the first round: the model not asked yet
+    hybrid.observe(round_of(st, 1, 0, source="lookup"))
+    assert hybrid.choose("model") > 0
+    hybrid.observe(round_of(st, 2, 2))
+    assert hybrid.choose("lookup", 4) == 0
+    fixed_acceptance(st, "lookup", 0.95)
+    assert hybrid.choose("lookup", 4) > 0
+
+
 def fixed_acceptance(st: AutoState, source: str, alpha: float) -> None:
     """Pin a source's acceptance estimate at alpha (so a test sets the gain it wants)."""
     st.sources[source].acceptance = AcceptanceEstimate(prior=alpha, prior_weight=1e12,

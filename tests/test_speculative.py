@@ -38,14 +38,16 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0,
+                                draft_mode="model")
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
 def dec_same(tiny_target, tiny_draft_same):
-    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1, p_min=0.0)
+    d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1, p_min=0.0,
+                                draft_mode="model")
     yield d
     d.close()
 

@@ -15,7 +15,14 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidParameterError
 from .compat import check_compatible, check_rewindable
-from .drafts import Draft, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
+from .drafts import (
+    Draft,
+    DraftMode,
+    DraftStrategy,
+    ModelDraft,
+    check_draft_mode,
+    default_draft_mode,
+)
 from .events import (
     DraftProposed,
     Event,
@@ -92,8 +99,12 @@ class SpeculativeDecoder:
         draft: Model | None = None,
         *,
         p_min: float = DEFAULT_P_MIN,
-        draft_mode: DraftMode = "model",
+        draft_mode: DraftMode | None = None,
     ) -> None:
+        """draft_mode: what stream()/generate() use when not told; None: "hybrid" with a
+        draft model, else "model" (the target alone)."""
+        if draft_mode is None:
+            draft_mode = default_draft_mode(True) if draft is not None else "model"
         check_draft_mode(draft_mode)
         if draft is not None:
             check_compatible(target, draft)
@@ -102,8 +113,6 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.p_min: float = validate_setting("p_min", p_min)
-        # What stream()/generate() use when not told: "lookup" for a decoder
-        # loaded with draft="lookup" (no draft model), else "model".
         self.default_draft_mode: DraftMode = draft_mode
         # What draft-length policies keep across calls (auto: the measured costs).
         self.policy_state: dict[str, object] = {}
@@ -122,8 +131,9 @@ class SpeculativeDecoder:
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
         (the target alone). draft_mode: the default mode of generate()/stream();
-        None means "lookup" for draft="lookup", else "model". target_rpc: HOST:PORT
-        of llama.cpp RPC servers that hold the target (the draft stays local)."""
+        None means "hybrid" with a draft model, "lookup" for draft="lookup", else
+        "model" (the target alone). target_rpc: HOST:PORT of llama.cpp RPC servers that
+        hold the target (the draft stays local)."""
         if draft_mode is not None:
             check_draft_mode(draft_mode)
         target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc)
@@ -135,7 +145,7 @@ class SpeculativeDecoder:
             target_model,
             draft_model,
             p_min=p_min,
-            draft_mode=draft_mode or ("lookup" if is_lookup else "model"),
+            draft_mode=draft_mode or ("lookup" if is_lookup else None),
         )
 
     def close(self) -> None:

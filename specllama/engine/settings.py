@@ -177,8 +177,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Draft length: N (0 = target alone), 'auto' (cost-aware) or 'heuristic'.",
             _check_draft_max, words=DRAFT_MAX_WORDS),
     Setting("draft_mode", str, None,
-            "Who drafts: the draft model, prompt lookup, or both (default: the draft "
-            "model, or lookup when there is none).", _check_draft_mode, in_file=False,
+            "Who drafts: the draft model, prompt lookup, or both (default: hybrid, "
+            "lookup where the text repeats itself and the draft model elsewhere; lookup "
+            "when there is no draft model).", _check_draft_mode, in_file=False,
             words=DRAFT_MODES),
     Setting("temperature", float, 0.8, "0 = greedy.", _float_in(0.0, None),
             aliases=("--temp",)),
