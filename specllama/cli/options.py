@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafts import DraftMode, default_draft_mode
+from ..engine.drafts import DEFAULT_DRAFT_MODE, DraftMode
 from ..engine.sampling import SamplingParams
 from ..engine.settings import DRAFT_MAX_WORDS, LIVE_SETTINGS, SETTINGS, default, validate_setting
 from ..errors import InvalidParameterError
@@ -234,7 +234,8 @@ def open_decoder(
         min_p=float(merged["min_p"]),
         seed=merged["seed"],
     )
-    draft_mode: DraftMode = merged["draft_mode"] or default_draft_mode(choice.draft is not None)
+    draft_mode: DraftMode = merged["draft_mode"] or (DEFAULT_DRAFT_MODE if choice.draft
+                                                     else "lookup")
     if draft_mode == "model" and choice.draft is None:
         raise InvalidParameterError(
             "--draft-mode model needs a draft model, but this pair drafts by lookup"

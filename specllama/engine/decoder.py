@@ -16,12 +16,12 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidParameterError
 from .compat import check_compatible, check_rewindable
 from .drafts import (
+    DEFAULT_DRAFT_MODE,
     Draft,
     DraftMode,
     DraftStrategy,
     ModelDraft,
     check_draft_mode,
-    default_draft_mode,
 )
 from .events import (
     DraftProposed,
@@ -104,7 +104,7 @@ class SpeculativeDecoder:
         """draft_mode: what stream()/generate() use when not told; None: "hybrid" with a
         draft model, else "model" (the target alone)."""
         if draft_mode is None:
-            draft_mode = default_draft_mode(True) if draft is not None else "model"
+            draft_mode = DEFAULT_DRAFT_MODE if draft is not None else "model"
         check_draft_mode(draft_mode)
         if draft is not None:
             check_compatible(target, draft)

@@ -174,14 +174,13 @@ class ModelDraft:
             self._drafted = False
 
 
-def default_draft_mode(has_draft_model: bool) -> DraftMode:
-    """Hybrid where there is a draft model: lookup costs no draft-model time, so text that
-    repeats its context (summaries, code edits, quotes) is drafted for almost nothing and the
-    draft model fills in elsewhere. Measured (Intel Xeon, 2 threads, built-in prompts,
-    greedy): 1.09x the target alone with the default pair, whose model draft never pays
-    (1.00x as "model"), and 1.26x with smollm2-f32 (1.03x); at T = 0.8 1.00x and 1.03x
-    (0.99x and 1.00x as "model"). Without a draft model: lookup."""
-    return "hybrid" if has_draft_model else "lookup"
+#: The draft mode where there is a draft model: lookup costs no draft-model time, so text
+#: that repeats its context (summaries, code edits, quotes) is drafted for almost nothing and
+#: the draft model fills in elsewhere. Measured (Intel Xeon, 2 threads, built-in prompts,
+#: greedy): 1.09x the target alone with the default pair, whose model draft never pays
+#: (1.00x as "model"), and 1.26x with smollm2-f32 (1.03x); at T = 0.8 1.00x and 1.03x
+#: (0.99x and 1.00x as "model").
+DEFAULT_DRAFT_MODE: DraftMode = "hybrid"
 
 
 def check_draft_mode(mode: object) -> None:

@@ -545,10 +545,9 @@ class AutoDraftLength:
         model = self._decision(self.state.sources["model"])
         if not model.speculate:
             return False
-        k, costs = decision.best_k, lookup.costs
-        tokens = expected_tokens(lookup.acceptance.rates(), k)
-        seconds = costs.round_s(k) + tokens * self.state.loop.catch_up_per_token
-        return model.speedup > (1 + DECLINE_MARGIN) * tokens * costs.round_s(0) / seconds
+        # decision.speedup is E/C against 1/T(1); the catch-up adds a share of a step a token
+        catch_up = self.state.loop.catch_up_per_token / lookup.costs.round_s(0)
+        return model.speedup > (1 + DECLINE_MARGIN) / (1 / decision.speedup + catch_up)
 
     def extend(self, j: int, confidence: float) -> DraftStep:
         """Draw token j if what it adds, the chance it is accepted with all before it,
