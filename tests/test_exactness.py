@@ -377,6 +377,46 @@ def test_uneven_vocabularies_greedy_equals_the_target_alone(uneven_pairs, case):
         dec.close()
 
 
+class _DeclinesEveryOtherLookup(FixedDraftLength):
+    """Hybrid drafting as auto runs it where a lookup gives way to the draft model: every
+    other lookup is declined and the model drafts that round instead."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.asked = {"lookup": 0, "model": 0}
+
+    def choose(self, source="model", match=0):
+        self.asked[source] += 1
+        return 0 if source == "lookup" and self.asked[source] % 2 == 0 else 3
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["exact", "q_1 at every position"])
+def test_hybrid_drafts_with_declined_lookups_follow_the_target_distribution(
+        chain_setup, monkeypatch, wrong):
+    """The same runs with a wrong rule for the model's drafts (q_1 for every position)
+    must be rejected: the test can see a mistake on this path."""
+    dec, probe, prompt = chain_setup
+    mode, params = CHAIN_CASES["hybrid drafts, top-k 3"]
+    if wrong:
+        import specllama.engine.decoder as decoder
+
+        monkeypatch.setattr(decoder, "verify", first_used_q_everywhere(decoder.verify))
+    policy = _DeclinesEveryOtherLookup()
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    runs = 2 * CHAIN_RUNS  # half the rounds draft by lookup, which the wrong rule spares
+    counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, runs, draft_max=policy,
+                                   draft_mode=mode)
+    # lookups were declined often, and the model drafted in their place
+    assert policy.asked["lookup"] > runs and policy.asked["model"] > runs // 2
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    pvalue = goodness_of_fit(counts, exact)
+    if wrong:
+        assert pvalue < 1e-6, f"p-value {pvalue:.2e}"
+    else:
+        assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
+
+
 # ------------------------------------------ drafts whose length the draft's confidence sets
 
 
@@ -461,3 +501,4 @@ def test_greedy_drafts_cut_by_confidence_equal_the_target_alone(chain_setup):
         assert dec.generate(text, max_tokens=24, sampling=greedy, draft_max=policy).tokens \
             == alone, text
     assert min(policy.steps.values()) > 10, policy.steps
+
