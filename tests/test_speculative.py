@@ -324,6 +324,9 @@ class _PauseThenDraft:
     def describe(self):
         return "pause, then draft"
 
+    def explain(self):
+        return ""
+
     def predicted_speedup(self):
         return None
 

@@ -409,6 +409,7 @@ class SpeculativeDecoder:
             stats.target_s = target.decode_s - target_s0
             stats.draft_s = self._draft_s() - draft_s0
             stats.policy_note = policy.describe()
+            stats.policy_detail = policy.explain()
             stats.predicted_speedup = policy.predicted_speedup()
             stats.tokens = len(generated)
             out.result = GenerationResult(

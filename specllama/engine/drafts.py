@@ -183,9 +183,16 @@ class ModelDraft:
 DEFAULT_DRAFT_MODE: DraftMode = "hybrid"
 
 
-def check_draft_mode(mode: object) -> None:
-    """Raise InvalidParameterError unless `mode` is one of DRAFT_MODES."""
+def check_draft_mode(mode: object, has_draft_model: bool | None = None) -> None:
+    """Raise InvalidParameterError unless `mode` is one of DRAFT_MODES and, where it is
+    known whether there is a draft model, one that can draft without it ("lookup")
+    when there is none: the command line, /set and the API share this one rule."""
     if mode not in DRAFT_MODES:
         raise InvalidParameterError(
             f"draft mode must be one of {', '.join(DRAFT_MODES)}; got {mode!r}"
+        )
+    if has_draft_model is False and mode in ("model", "hybrid"):
+        raise InvalidParameterError(
+            f"draft mode {mode} needs a draft model, but this pair has none "
+            "(it drafts by lookup)"
         )

@@ -73,7 +73,12 @@ class DraftLengthPolicy(Protocol):
         ...
 
     def describe(self) -> str:
-        """One line for the stats: what the policy did and why."""
+        """One plain line for the stats: what the policy did and why."""
+        ...
+
+    def explain(self) -> str:
+        """The reasoning behind `describe` (costs, rates, what was weighed), for
+        --json and --verbose; "" where the line says it all."""
         ...
 
     def predicted_speedup(self) -> float | None:
@@ -102,6 +107,9 @@ class FixedDraftLength:
 
     def describe(self) -> str:
         return "target alone (draft length 0)" if self.k == 0 else f"fixed draft length {self.k}"
+
+    def explain(self) -> str:
+        return ""
 
     def predicted_speedup(self) -> float | None:
         return None

@@ -23,7 +23,8 @@ class Stats:
     generate_s: float = 0.0  # wall time of the generation rounds
     draft_s: float = 0.0  # inside the draft model's llama_decode during generation
     target_s: float = 0.0  # inside the target's llama_decode during generation
-    policy_note: str = ""  # why the draft length was what it was, for the user
+    policy_note: str = ""  # why the draft length was what it was, for the user: one line
+    policy_detail: str = ""  # the reasoning behind it (--json, --verbose)
     # The speedup over the target alone that auto's cost model expected of the rounds
     # it chose (None for fixed draft lengths): set beside the measured one, it shows
     # whether the model of this machine holds.

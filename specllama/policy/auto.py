@@ -653,6 +653,9 @@ class AutoDraftLength:
             return "auto: nothing to draft with (target alone)"
         return "auto: " + " | ".join(self._describe(s, t) for s, t in self._tally.items())
 
+    def explain(self) -> str:
+        return ""
+
     def _describe(self, source: str, tally: _Tally) -> str:
         src = self.state.source(source)
         d = tally.last

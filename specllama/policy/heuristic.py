@@ -25,6 +25,9 @@ class HeuristicDraftLength:
     def describe(self) -> str:
         return f"heuristic draft length in [{self.k_min}, {self.k_max}] (+2 all accepted, -1 else)"
 
+    def explain(self) -> str:
+        return ""
+
     def predicted_speedup(self) -> float | None:
         return None
 
