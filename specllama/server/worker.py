@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import Event, Finished, SpeculativeDecoder, Stats
+from ..engine.kvreport import cache_report
 from .prompts import Work
 
 
@@ -124,7 +125,8 @@ class Worker:
         self._current: Job | None = None
         self._closing = False
         self._history: list[int] = []  # the last prompt + what was generated for it
-        self.cache: dict[str, Any] = {"history": 0, "consistent": True}
+        # /health's "cache": the KV caches against _history after the last job
+        self.cache: dict[str, int | bool] = {"history": 0, "consistent": True}
         self._thread = threading.Thread(target=self._run, name="specllama-decoder", daemon=True)
 
     # ------------------------------------------------------------ event-loop side
@@ -230,7 +232,7 @@ class Worker:
             job.put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
-        self.cache = self._cache_report()
+        self.cache = cache_report(self._history, self.decoder.target, self.decoder.draft).as_dict()
         with self._lock:
             t = self.totals
             t.busy_s += time.perf_counter() - started
@@ -243,21 +245,6 @@ class Worker:
             if result is not None:
                 t.stats.merge(result.stats)
         self._log(self._summary(job, result, failed))
-
-    def _cache_report(self) -> dict[str, Any]:
-        """Each KV cache against the token history: consistent means each holds a prefix
-        of it and llama.cpp agrees on its length (the chat REPL's invariant)."""
-        history = self._history
-        out: dict[str, Any] = {"history": len(history)}
-        ok = True
-        for name, model in (("target", self.decoder.target), ("draft", self.decoder.draft)):
-            if model is None:
-                continue
-            n = len(model.cached)
-            ok = ok and model.cached == history[:n] and model.pos_max() + 1 == n
-            out[name] = n
-        out["consistent"] = ok
-        return out
 
     @staticmethod
     def _summary(job: Job, result: Any, failed: Exception | None) -> str:
