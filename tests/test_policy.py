@@ -3,30 +3,21 @@ decisions on synthetic costs and outcomes, and auto against real tiny models."""
 
 import itertools
 import random
-import statistics
 
 import pytest
+from simulated import auto_speedup, fixed_speedups, model_draft, texts_for
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.policy import (
     AutoDraftLength,
     AutoState,
+    AutoTuning,
     FixedDraftLength,
     HeuristicDraftLength,
     RoundOutcome,
     make_policy,
 )
-from specllama.policy.auto import (
-    FIRST_ROUNDS,
-    KEEP_MARGIN,
-    PROBE_EVERY,
-    PROBE_EVERY_MAX,
-    PROBE_GROWTH,
-    REFERENCE_EVERY,
-    STOP_RULE_CAP,
-    AcceptanceEstimate,
-    ConfidenceAcceptance,
-)
+from specllama.policy.acceptance import AcceptanceEstimate, ConfidenceAcceptance
 from specllama.policy.calibration import CostCurve
 from specllama.policy.costs import (
     DEFAULT_MARGIN,
@@ -42,6 +33,7 @@ SMOL_T1 = 0.0082
 SMOL_DRAFT = 5.0 / 8.2  # the Q4_0 self-draft: 5.0 ms a step
 # A big target on a fast machine: verifying n tokens costs about as much as one.
 FLAT_RATIOS = [1.0 + 0.04 * n for n in range(16)]
+TUNING = AutoTuning()
 
 
 @pytest.fixture(autouse=True)
@@ -207,21 +199,6 @@ def state_for(ratios, t1=0.01, draft_ratio=0.1, **kw) -> AutoState:
     return AutoState(CostCurve(tuple(t1 * r for r in ratios)), t1 * draft_ratio, **kw)
 
 
-def model_draft(policy, k: int, confidences) -> tuple[int, int]:
-    """What ModelDraft drafts when the policy allows k: it asks `extend` at each row it
-    reads, with the draft model's confidence there. Returns (drafted, rows read)."""
-    drafted = rows = 0
-    for j in range(k):
-        rows += 1
-        step = policy.extend(j, confidences[j])
-        if step == "stop":
-            break
-        drafted += 1
-        if step == "last":
-            break
-    return drafted, rows
-
-
 def run_rounds(policy, n, accept_all, source="model"):
     """Drafts all accepted (the draft model sure of each: confidence 0.95) or all
     rejected (unsure: 0.4)."""
@@ -243,9 +220,11 @@ def test_auto_stays_off_where_drafting_cannot_pay():
     policy = AutoDraftLength(state_for(SMOL_RATIOS, SMOL_T1, SMOL_DRAFT))
     ks = run_rounds(policy, 200, accept_all=True)
     assert ks == [0] * 200  # not even a probe: at 90% acceptance it would still lose
-    note = policy.describe()
-    assert note.startswith("auto: drafting would not pay here: 1 draft a round would run at")
-    assert "one token here" in note and "no probes" in note
+    assert policy.describe() == ("auto: drafting would not pay on this machine (a draft "
+                                 "step costs 0.61x a target step, verifying 2 tokens costs "
+                                 "1.8x one)")
+    assert policy.explain().startswith("model draft: 1 draft a round would run at")
+    assert policy.explain().endswith("even at 90% acceptance it would not, so no probes")
 
 
 def test_auto_drafts_when_it_pays_and_learns_acceptance():
@@ -253,7 +232,9 @@ def test_auto_drafts_when_it_pays_and_learns_acceptance():
     ks = run_rounds(policy, 40, accept_all=True)
     assert ks[0] > 0 and ks[-1] >= ks[0]
     assert policy.state.sources["model"].acceptance.overall > 0.9
-    assert "drafted" in policy.describe() and "predicted" in policy.describe()
+    assert policy.describe().startswith("auto: drafted, ")
+    assert policy.describe().endswith("tokens on average, 100% accepted")
+    assert "the cost model predicted" in policy.explain()
 
 
 def test_auto_pauses_when_drafts_fail_then_probes():
@@ -261,7 +242,7 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     run_rounds(policy, 5, accept_all=True)
     ks = run_rounds(policy, 150, accept_all=False)
     assert ks[0] > 0  # still believes in drafting at first
-    # (a single round without a draft while it drafts measures T(1): REFERENCE_EVERY)
+    # (a single round without a draft while it drafts measures T(1): reference_every)
     first_off = next(i for i in range(len(ks) - 1) if ks[i] == ks[i + 1] == 0)
     # (within 20 rounds: the sure drafts before ran to 8 tokens, and the first position's
     # estimate borrows from all of them)
@@ -270,10 +251,14 @@ def test_auto_pauses_when_drafts_fail_then_probes():
     assert probes and all(ks[i] <= 2 for i in probes)  # short probes
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     # the gap grows after each probe that changes nothing: a probe's catch-up is dear
-    assert gaps and gaps == [min(PROBE_EVERY_MAX, PROBE_EVERY * PROBE_GROWTH ** (i + 1))
+    t = TUNING
+    assert gaps and gaps == [min(t.probe_every_max, t.probe_every * t.probe_growth ** (i + 1))
                              for i in range(len(gaps))]
-    assert probes[0] - first_off + 1 == PROBE_EVERY
-    assert "would not pay" in policy.describe() and "probed" in policy.describe()
+    assert probes[0] - first_off + 1 == TUNING.probe_every
+    note = policy.describe()  # one line: what happened, then why it stopped
+    assert note.startswith("auto: drafted in ")
+    assert "; then stopped: drafting would not pay at the " in note
+    assert note.endswith(f"(probed {len(probes)}x)")
 
 
 def test_auto_resumes_when_the_draft_shows_it_would_have_guessed_the_paused_tokens():
@@ -545,7 +530,7 @@ def round_of(st: AutoState, k: int, accepted: int, behind: int = 0, caught_up: i
 
 
 def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
-    """While drafting pays by little, one round in REFERENCE_EVERY decodes plainly: the
+    """While drafting pays by little, one round in reference_every decodes plainly: the
     target alone, the measure of every decision, is only seen in such rounds. Here the
     calibration put T(1) 20% too high, so drafting one token (1.5 tokens for 1.6 steps:
     a loss) looked 1.12x faster; the plain rounds show the truth and auto stops."""
@@ -562,7 +547,7 @@ def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
                                     draft_behind=0 if k else 1, confidences=(0.5,) * k,
                                     draft_rows=rows))
     plain = [i for i, k in enumerate(ks) if k == 0]
-    assert ks[0] >= 1 and plain[1] - plain[0] == REFERENCE_EVERY + 1
+    assert ks[0] >= 1 and plain[1] - plain[0] == TUNING.reference_every + 1
     # the first plain decode of a size is not learnt from; the second one is
     assert st.loop.t(1) == pytest.approx(t1, rel=0.05)
     after = ks[plain[1] + 1 :]
@@ -577,7 +562,7 @@ def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
 
 def test_auto_keeps_drafting_at_a_gain_it_would_not_start_for():
     """Hysteresis: drafting starts when the best k beats the target alone by `margin`, and
-    goes on while it does not lose (KEEP_MARGIN). An estimate near the boundary otherwise
+    goes on while it does not lose (keep_margin). An estimate near the boundary otherwise
     turned drafting off and on every few rounds, each time paying a catch-up."""
     st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
     policy = AutoDraftLength(st)
@@ -592,13 +577,13 @@ def test_auto_keeps_drafting_at_a_gain_it_would_not_start_for():
     fixed_acceptance(st, "model", between)
     assert policy.choose("model") > 0  # drafting: 1.5% still beats stopping
     policy.observe(round_of(st, 2, 0))
-    fixed_acceptance(st, "model", alpha_for(st, 1.0 + KEEP_MARGIN - 0.01))
+    fixed_acceptance(st, "model", alpha_for(st, 1.0 + TUNING.keep_margin - 0.01))
     assert policy.choose("model") == 0  # a loss: stop
 
 
 def test_auto_resumes_only_if_the_gain_pays_for_the_catch_up_too():
     """After paused rounds the draft model first decodes every token it missed: resuming
-    must pay for that too, spread over RESUME_HORIZON rounds."""
+    must pay for that too, spread over resume_horizon rounds."""
     def resumes(behind: int) -> bool:
         st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
         st.loop.catch_up = 0.003  # 3 ms a missed token
@@ -632,7 +617,7 @@ def test_a_batch_size_is_learnt_from_its_second_decode_on():
     """The first decode of a size builds its graph (slower); the next few are averaged."""
     st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
     loop = st.loop
-    for _ in range(FIRST_ROUNDS):  # past the decoder's first rounds
+    for _ in range(TUNING.first_rounds):  # past the decoder's first rounds
         st.learn_costs(RoundOutcome(0, 0, "model", 0.04, 0.0, 0.04))
     calibrated = loop.t(5)
     st.learn_costs(RoundOutcome(4, 4, "model", 3 * calibrated, 0.0, 3 * calibrated))
@@ -643,65 +628,6 @@ def test_a_batch_size_is_learnt_from_its_second_decode_on():
 
 
 # ------------------------------------------------------------------ simulated generations
-
-#: Measured in the round loop on the F32 pair (AMD EPYC, 2 threads, contexts of 100-300
-#: tokens): T(n) in ms, a draft step, a round's first step's extra, a catch-up per token.
-F32_LOOP_MS = [37, 48, 51, 56, 63, 66, 70, 73] + [73 + 5 * i for i in range(1, 9)]
-F32_CALIBRATED_MS = [32.9, 41.9, 45.1, 48.6, 48.6, 56.2, 60.4, 64.6, 69, 73, 77, 81, 86, 91,
-                     96, 101]
-F32_STEP_MS, F32_WAKE_MS, F32_CATCH_UP_MS, F32_CALIBRATED_STEP_MS = 12.5, 2.5, 2.6, 10.2
-
-
-def simulate(policy, text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0) -> float:
-    """Greedy generation of len(text) tokens; text[i] = (the draft's token at position i is
-    the target's, the draft model's confidence there), what teacher forcing measures; the
-    loop's costs with their noise. Returns the speedup over the target alone."""
-    rng = random.Random(seed)
-    ms = lambda x: x * 1e-3 * rng.lognormvariate(0, 0.08)  # noqa: E731
-    i, behind, total, paused = 0, 0, 0.0, []
-    n = len(text)
-    while i < n:
-        k = min(policy.choose("model"), n - i - 1)
-        k, rows = model_draft(policy, k, [c for _, c in text[i : i + k]])
-        m = 0
-        while m < k and text[i + m][0]:
-            m += 1
-        target_s, draft_s, steps_s, shadow, caught_up = ms(loop_ms[k]), 0.0, 0.0, (), 0
-        if rows > 0:
-            caught_up = behind
-            first = step_ms + F32_WAKE_MS + (F32_CATCH_UP_MS * behind if behind > 1 else 0)
-            steps_s = ms((rows - 1) * step_ms)
-            draft_s = ms(first) + steps_s
-            if behind > 1:
-                shadow = tuple(float(text[p][0]) for p in paused[-64:])
-            paused, behind = [], int(m == k)
-        else:
-            paused.append(i)
-            behind += 1
-        seconds = target_s + draft_s + (0.4 + 0.5 * k) * 1e-3
-        policy.observe(RoundOutcome(k, m, "model", target_s, draft_s, seconds, shadow,
-                                    steps_s, behind, caught_up,
-                                    tuple(c for _, c in text[i : i + k]), rows))
-        i += m + 1
-        total += seconds
-    return n * (loop_ms[0] + 0.4) * 1e-3 / total
-
-
-def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256):
-    """Drafts that match at rate alpha; the draft model's confidence says which will
-    (as measured on the F32 pair: P(match) about confidence + 0.15) or nothing."""
-    rng = random.Random(int(alpha * 100) + informative)
-    def token():
-        c = rng.betavariate(4 * (alpha - 0.12), 4 * (1.12 - alpha))
-        agree = rng.random() < (min(1.0, c + 0.12) if informative else alpha)
-        return agree, c
-    return [[token() for _ in range(n)] for _ in range(count)]
-
-
-def f32_auto() -> AutoDraftLength:
-    ms = tuple(x * 1e-3 for x in F32_CALIBRATED_MS)
-    return AutoDraftLength(AutoState(CostCurve(ms), F32_CALIBRATED_STEP_MS * 1e-3))
-
 
 @pytest.mark.parametrize("informative", [True, False], ids=["confidence tells", "it does not"])
 @pytest.mark.parametrize("alpha", [0.55, 0.65, 0.75, 0.85, 0.95])
@@ -715,9 +641,8 @@ def test_auto_comes_near_the_best_fixed_k_on_simulated_generations(alpha, inform
     it says nothing (its worst case), within 6%: this auto 0.94-0.99 there, and 0.97-1.05
     where it tells."""
     texts = texts_for(alpha, informative)
-    fixed = {k: statistics.mean(simulate(FixedDraftLength(k), t, seed=s)
-                                for s, t in enumerate(texts)) for k in range(1, 7)}
-    auto = statistics.mean(simulate(f32_auto(), t, seed=s) for s, t in enumerate(texts))
+    fixed = fixed_speedups(texts)
+    auto = auto_speedup(texts)
     best = max(1.0, *fixed.values())
     assert auto >= (0.97 if informative else 0.94) * best, (auto, fixed)
     if informative and alpha >= 0.85:
@@ -743,7 +668,7 @@ def test_auto_drafts_long_where_the_draft_is_sure_and_stops_where_it_is_not():
         st.confidence.observe((0.95,) * 4 + (0.35,), 4)
     policy = AutoDraftLength(st)
     k = policy.choose("model")
-    assert k == STOP_RULE_CAP
+    assert k == TUNING.stop_rule_cap
     assert model_draft(policy, k, [0.95] * k) == (k, k)
     # the unsure third row is read (a step for nothing) and nothing drawn from it
     assert model_draft(policy, k, [0.95, 0.95, 0.35] + [0.95] * 5) == (2, 3)

@@ -13,6 +13,7 @@ from ..engine.lengths import (
 )
 from .auto import AutoDraftLength, AutoState
 from .heuristic import HeuristicDraftLength
+from .tuning import AutoTuning
 
 NAMED_POLICIES["auto"] = AutoDraftLength.for_decoder
 NAMED_POLICIES["heuristic"] = lambda decoder: HeuristicDraftLength()
@@ -20,6 +21,7 @@ NAMED_POLICIES["heuristic"] = lambda decoder: HeuristicDraftLength()
 __all__ = [
     "AutoDraftLength",
     "AutoState",
+    "AutoTuning",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "HeuristicDraftLength",

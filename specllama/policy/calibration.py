@@ -8,7 +8,8 @@ under a second for a small model and caches it on disk, keyed by the model
 file (path, size, mtime), the thread count, the machine and the llama.cpp
 version, so a changed file, another `--threads` or another machine measures
 anew; `--recalibrate` measures again on request. A measurement taken while other
-processes loaded the CPU is used for this run but not cached.
+processes loaded the CPU is cached marked as disturbed: the next run measures again
+and keeps the less disturbed of the two.
 
 Measuring never disturbs the caller: the timed tokens go after whatever the KV
 cache holds and are cut off again, and the model's counters are restored.

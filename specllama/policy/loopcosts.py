@@ -1,0 +1,134 @@
+"""The costs as the round loop meets them, learnt from every round."""
+
+from __future__ import annotations
+
+from ..engine.lengths import RoundOutcome
+from .calibration import CostCurve
+from .costs import RoundCosts
+from .tuning import AutoTuning
+
+
+class LoopCosts:
+    """Calibration times each model alone; in the loop they take turns, and both the
+    target's verification and the draft step cost more there (the target's decode
+    evicts the draft's weights; docs/performance.md). So: T(n) is the running mean of
+    the loop's decodes of n tokens (the calibrated curve, scaled to the loop, until one
+    is seen); the draft step the running mean of the steps after a round's first (the
+    calibrated one, scaled alike, until a round drafts two); the first step's extra,
+    w_d, a catch-up per token, and our own time per round and per drafted token
+    running means.
+    """
+
+    def __init__(self, curve: CostCurve, draft_step: float,
+                 tuning: AutoTuning | None = None) -> None:
+        self.tuning = tuning = tuning or AutoTuning()
+        self.curve = curve
+        self.scale = 1.0  # loop / calibration, all batch sizes together
+        self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
+        self._seen: dict[int, int] = {}  # n -> decodes of n tokens learnt from
+        self.calibrated_draft_step = draft_step
+        self.loop_draft_step: float | None = None  # None until a round drafts two tokens
+        self.draft_wake = 0.0
+        self.catch_up: float | None = None  # per token the draft model caught up on
+        self.overhead = 0.0
+        self.overhead_per_draft = 0.0
+        self._rounds = 0
+        # rounds since one without a draft: the first plain reference comes early
+        self.since_plain = tuning.reference_every - 2
+
+    @property
+    def draft_step(self) -> float:
+        """As measured in the loop; until then calibrated, scaled like the target's
+        decodes (the machine's state now)."""
+        if self.loop_draft_step is not None:
+            return self.loop_draft_step
+        return self.calibrated_draft_step * self.scale
+
+    def t(self, n: int) -> float:
+        return self.verify.get(n, self.scale * self.curve.t(n))
+
+    @property
+    def catch_up_per_token(self) -> float:
+        if self.catch_up is not None:
+            return self.catch_up
+        return self.tuning.catch_up_prior * self.draft_step
+
+    def catch_up_s(self, behind: int) -> float:
+        """What the draft model's next draft spends catching up on `behind` tokens it
+        missed, beyond a round's usual first step (one missed token, after a fully
+        accepted round, is part of `draft_wake`)."""
+        return 0.0 if behind < 2 else behind * self.catch_up_per_token
+
+    def round_costs(self, model: bool, verify: tuple[float, ...]) -> RoundCosts:
+        """verify: T(1..k+1) for every k considered (built once for all sources)."""
+        return RoundCosts(
+            verify,
+            self.draft_step if model else 0.0,
+            self.overhead,
+            self.overhead_per_draft,
+            self.draft_wake if model else 0.0,
+        )
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        tune = self.tuning
+        k, n = outcome.k, outcome.k + 1
+        self._rounds += 1
+        self.since_plain = 0 if k == 0 else self.since_plain + 1
+        # Quick at first (a calibration taken on a busy machine can be far off), then
+        # slow, a round counting as at most `spike` times the running estimate; the
+        # spikes of the first rounds (weights still paging in) fade within a few rounds.
+        early = self._rounds <= tune.first_rounds
+        learn, spike = (tune.learn_first, tune.spike_first) if early else (tune.learn,
+                                                                            tune.spike)
+        # The first decode of each size is not learnt from (llama.cpp builds a graph of
+        # that shape: slower); the next average_first are averaged, then a running mean:
+        # auto drafts 4 only now and then, and a running mean alone stayed low a call long.
+        count = self._seen[n] = self._seen.get(n, 0) + 1
+        if outcome.target_s > 0 and count > 1:
+            seen = self.t(n)
+            measured = min(max(outcome.target_s, seen / spike), seen * spike)
+            self.scale += learn * (measured / self.curve.t(n) - self.scale)
+            averaged = max(learn, 1.0 / (count - 1)) if count <= tune.average_first + 1 \
+                else learn
+            self.verify[n] = seen + averaged * (measured - seen)
+        self._observe_draft(outcome, learn, spike)
+        if outcome.seconds > 0:
+            own = max(0.0, outcome.seconds - outcome.target_s - outcome.draft_s)
+            # (the small floor lets an estimate of 0 grow)
+            own = min(own, (self.overhead + k * self.overhead_per_draft) * tune.spike + 1e-3)
+            if k == 0:
+                self.overhead += tune.learn * (own - self.overhead)
+            else:
+                per_draft = max(0.0, own - self.overhead) / k
+                self.overhead_per_draft += tune.learn * (per_draft - self.overhead_per_draft)
+
+    def _observe_draft(self, outcome: RoundOutcome, learn: float, spike: float) -> None:
+        """A draft model's decodes: its first row, then one per row after (k - 1, or k
+        when it read a row and drew nothing from it)."""
+        tune = self.tuning
+        rows = outcome.draft_rows or outcome.k
+        if outcome.source != "model" or rows <= 0:
+            return
+        if rows > 1 and outcome.draft_steps_s > 0:
+            step, seen = outcome.draft_steps_s / (rows - 1), self.draft_step
+            if self.loop_draft_step is None:
+                self.loop_draft_step = min(step, seen * tune.spike_first)
+            else:
+                step = min(max(step, seen / spike), seen * spike)
+                self.loop_draft_step = seen + learn * (step - seen)
+        # A round's first draft decode: one step, its wake-up (w_d) and, after rounds
+        # without a model draft, a catch-up on what they emitted, learnt apart.
+        first = outcome.draft_s - outcome.draft_steps_s if outcome.draft_steps_s > 0 \
+            else outcome.draft_s - (rows - 1) * self.draft_step
+        extra = max(0.0, first - self.draft_step)
+        behind = outcome.draft_caught_up
+        if behind < 2:
+            wake = min(extra, self.draft_wake * tune.spike + self.draft_step)
+            self.draft_wake += tune.learn * (wake - self.draft_wake)
+        else:
+            per_token = max(0.0, extra - self.draft_wake) / behind
+            if self.catch_up is None:
+                self.catch_up = min(per_token, self.draft_step)
+            else:
+                per_token = min(per_token, self.catch_up * tune.spike + 1e-4)
+                self.catch_up += learn * (per_token - self.catch_up)
