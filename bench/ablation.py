@@ -1,0 +1,92 @@
+"""Each mechanism of the auto policy switched off in turn, on simulated generations.
+
+    python bench/ablation.py                 # every switch, markdown table on stdout
+    python bench/ablation.py "my try:probe_k=1,upper_z=1"   # extra rows, AutoTuning syntax
+
+The workloads are those of tests/test_policy.py (tests/simulated.py): greedy drafts on
+the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
+confidence tells which drafts match ("c") or says nothing ("n"), 24 texts of 256
+tokens each (the test's 8, and 16 more for less noise). A workload's texts run as calls
+of one decoder (the auto state carries over between them, as in a
+bench). Each cell is auto's speedup with the switch, relative to the full policy's;
+the head rows give the full policy's and the best fixed k's speedup over the target
+alone. Hybrid drafting's numbers (decline_margin, long_match, the lookup priors) do not
+show here: only model drafts are simulated. The same switches reach real runs through
+SPECLLAMA_AUTO_TUNING (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from simulated import (  # noqa: E402
+    F32_CALIBRATED_MS,
+    F32_CALIBRATED_STEP_MS,
+    Text,
+    fixed_speedups,
+    simulate,
+    texts_for,
+)
+
+from specllama.policy import AutoDraftLength, AutoState, AutoTuning  # noqa: E402
+from specllama.policy.calibration import CostCurve  # noqa: E402
+
+SWITCHES = [
+    ("no probes", "probe_k=0"),
+    ("no stop rule (drafts run to k)", "stop_rule_cap=0"),
+    ("no shadow acceptance", "shadow=off"),
+    ("no confidence prediction", "confidence_evidence=inf"),
+    ("catch-up not priced on resume", "resume_horizon=inf"),
+    ("catch-up prior 0", "catch_up_prior=0"),
+    ("no hysteresis (keep_margin = margin)", "keep_margin=0.03"),
+    ("no upper bound on probes", "upper_z=inf"),
+    ("no optimistic cap", "optimistic_cap=1"),
+    ("no plain reference rounds", "reference_every=1000000000"),
+    ("no spike cap", "spike=1e9,spike_first=1e9"),
+    ("no fast first rounds", "first_rounds=0"),
+    ("no averaging of first decodes", "average_first=0"),
+    ("nothing carried to the next call", "carry_over=0"),
+    ("everything carried to the next call", "carry_over=1"),
+    ("margin 0", "margin=0"),
+]
+WORKLOADS = [(alpha, informative) for informative in (True, False)
+             for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)]
+
+
+def calls(texts: list[Text], tuning: AutoTuning) -> float:
+    """Auto's mean speedup over the texts, run as calls of one decoder."""
+
+    class Decoder:  # what AutoDraftLength.for_decoder reads
+        policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in F32_CALIBRATED_MS)),
+                                          F32_CALIBRATED_STEP_MS * 1e-3, tuning=tuning)}
+
+    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, seed=s)
+                           for s, t in enumerate(texts))
+
+
+def main(extra: list[str]) -> None:
+    switches = SWITCHES + [tuple(arg.split(":", 1)) for arg in extra]  # type: ignore[misc]
+    texts = {w: texts_for(*w, count=24) for w in WORKLOADS}
+    full = {w: calls(texts[w], AutoTuning()) for w in WORKLOADS}
+    best = {w: max(1.0, *fixed_speedups(texts[w]).values()) for w in WORKLOADS}
+    names = [f"{a:.2f}{'c' if i else 'n'}" for a, i in WORKLOADS]
+    print("| switch (AutoTuning) | " + " | ".join(names) + " | worst | best |")
+    print("| --- |" + " ---: |" * (len(names) + 2))
+    print("| full policy, x target alone | " + " | ".join(f"{full[w]:.3f}" for w in WORKLOADS)
+          + " | | |")
+    print("| best fixed k (or 1), x target alone | "
+          + " | ".join(f"{best[w]:.3f}" for w in WORKLOADS) + " | | |")
+    for label, spec in switches:
+        tuning = AutoTuning.parse(spec)
+        rel = [calls(texts[w], tuning) / full[w] - 1 for w in WORKLOADS]
+        cells = " | ".join(f"{r:+.1%}" for r in rel)
+        print(f"| {label} (`{spec}`) | {cells} | {min(rel):+.1%} | {max(rel):+.1%} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
