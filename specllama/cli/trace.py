@@ -17,26 +17,12 @@ from ..engine.events import Event, Finished, GenerationResult, RoundVerified
 from ..engine.stats import Stats
 from ..engine.textstream import TokenTexts
 from ..errors import InvalidParameterError
+from .tracepage import PageGeneration, TraceToken, render_page, trace_meta
 
 if TYPE_CHECKING:
     from ..engine.decoder import SpeculativeDecoder
 
 TRACE_FORMAT = "specllama-trace/1"
-ChipKind = Literal["accepted", "rejected", "target"]
-
-
-@dataclass(frozen=True)
-class TraceToken:
-    """One chip of the page: a token in the output, or a rejected draft."""
-
-    token: int
-    text: str
-    kind: ChipKind  # accepted draft, rejected draft, or chosen by the target itself
-    round: int  # 1-based
-    position: int | None  # 1-based draft position; None for the target's own token
-    p: float | None = None  # p_i(d_i) (drafts only; None where never evaluated)
-    q: float | None = None  # q_i(d_i)
-    target_kind: str | None = None  # correction, bonus or plain (target tokens only)
 
 
 @dataclass
@@ -147,17 +133,19 @@ class TraceRecorder:
             "generations": [g.to_dict() for g in self.generations],
         }
 
-    def save(self, path: str | Path, **page: Any) -> str:
+    def save(self, path: str | Path, *, title: str = "specllama trace",
+             meta: str | None = None) -> str:
         """Write FILE.json (the records) or FILE.html (the page); returns which.
-        `page` goes to the page renderer (title, models)."""
+        The page's `meta` (one line about the run) defaults to one from the settings."""
         path = Path(path).expanduser()
         kind = trace_kind(path)
         if kind == "JSON":
             body = json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n"
         else:
-            from .tracepage import render_page
-
-            body = render_page(self, **page)
+            if meta is None:
+                meta = trace_meta(self.settings) if self.settings else ""
+            pages = [PageGeneration(g.label, g.chips) for g in self.generations]
+            body = render_page(pages, self.totals, title=title, meta=meta)
         try:
             path.write_text(body, encoding="utf-8")
         except OSError as exc:

@@ -1,16 +1,42 @@
 """The trace page: one self-contained HTML file (inline CSS, JS and SVG; no network)
-in the seed demo's colours, rendered from a `TraceRecorder`."""
+in the seed demo's colours, rendered from chips and stats. It knows nothing of the
+recorder (trace.py), which builds the chips and calls it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import jinja2
 
-if TYPE_CHECKING:
-    from .trace import TraceRecorder, TraceToken
+from ..engine.stats import Stats
+
+ChipKind = Literal["accepted", "rejected", "target"]
+
+
+@dataclass(frozen=True)
+class TraceToken:
+    """One chip of the page: a token in the output, or a rejected draft."""
+
+    token: int
+    text: str
+    kind: ChipKind  # accepted draft, rejected draft, or chosen by the target itself
+    round: int  # 1-based
+    position: int | None  # 1-based draft position; None for the target's own token
+    p: float | None = None  # p_i(d_i) (drafts only; None where never evaluated)
+    q: float | None = None  # q_i(d_i)
+    target_kind: str | None = None  # correction, bonus or plain (target tokens only)
+
+
+@dataclass(frozen=True)
+class PageGeneration:
+    """One generation as the page shows it: what it answers, and its chips."""
+
+    label: str | None
+    chips: Sequence[TraceToken]
 
 _CSS = {"accepted": "accepted", "target": "corrected", "rejected": "rejected"}
 _TARGET_KIND = {"correction": "correction after a rejection", "bonus": "bonus after a fully "
@@ -40,12 +66,9 @@ def _chip(c: TraceToken) -> dict[str, Any]:
     }
 
 
-def render_page(recorder: TraceRecorder, *, title: str = "specllama trace",
-                meta: str | None = None) -> str:
-    """The page; `meta` (one line about the run) defaults to one from the settings."""
-    if meta is None:
-        meta = trace_meta(recorder.settings) if recorder.settings else ""
-    stats = recorder.totals
+def render_page(generations: Sequence[PageGeneration], stats: Stats, *,
+                title: str = "specllama trace", meta: str = "") -> str:
+    """The page: the generations' chips, the totals `stats`, one line `meta` on the run."""
     bars = []
     for i, (rate, reached) in enumerate(zip(stats.acceptance_by_position, stats.reached_at)):
         bars.append({
@@ -68,7 +91,7 @@ def render_page(recorder: TraceRecorder, *, title: str = "specllama trace",
         stats=stats,
         tokens_per_step=f"{stats.tokens_per_step:.2f}×" if stats.target_steps else "—",
         generations=[{"label": g.label, "chips": [_chip(c) for c in g.chips]}
-                     for g in recorder.generations],
+                     for g in generations],
         bars=bars,
         chart_width=20 + 46 * max(len(bars), 1),
         summary=summary,
