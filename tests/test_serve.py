@@ -19,9 +19,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import uvicorn
 from click.testing import CliRunner
+from tinymodels import write_tiny_mamba
 
+from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
+from specllama.server import Defaults, ServeConfig, listen
+from specllama.server.app import create_app
+from specllama.server.runner import url_of
+from specllama.server.worker import Worker
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 READY = re.compile(r"serving (\S+) at (http://\S+)/v1")
@@ -289,6 +296,7 @@ def test_bad_requests_get_openai_shaped_errors(server):
     cases = [
         # (what, path, body or raw bytes, status, param, code)
         ("malformed JSON", "/v1/chat/completions", b'{"model": ', 400, None, None),
+        ("empty body", "/v1/chat/completions", b"", 400, None, None),
         ("not UTF-8", "/v1/chat/completions", b'{"model": "\xff\xfe"}', 400, None, None),
         ("unknown model", "/v1/chat/completions", chat_body(server, model="gpt-9"), 404,
          "model", "model_not_found"),
@@ -310,19 +318,52 @@ def test_bad_requests_get_openai_shaped_errors(server):
         ("a JSON list", "/v1/completions", [1, 2], 422, None, None),
         ("several choices", "/v1/completions", {"model": server.model, "prompt": "hi", "n": 2},
          400, "n", None),
+        ("negative n", "/v1/completions", {"model": server.model, "prompt": "hi", "n": -1},
+         400, "n", None),
         ("prompt longer than the context", "/v1/completions",
          {"model": server.model, "prompt": "the cat " * 600}, 400, "prompt",
          "context_length_exceeded"),
     ]
     for what, path, body, status, param, code in cases:
         raw = body if isinstance(body, bytes) else None
-        r = ask(server, path, None if raw else body, content=raw)
+        r = ask(server, path, None if raw is not None else body, content=raw)
         assert r.status_code == status, (what, r.status_code, r.text)
         error = r.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, what
         assert error["type"] == "invalid_request_error", what
         assert error["param"] == param and error["code"] == code, (what, error)
         assert "Traceback" not in error["message"] and error["message"], what
+    assert server.health()["status"] == "ok"
+
+
+def test_deep_nesting_and_lone_surrogates_are_the_clients_mistakes(server):
+    """Bodies that once got a 500 from the parser or the tokenizer: each is a 400 naming
+    the problem."""
+    deep = "[" * 5000 + "]" * 5000
+    head = f'{{"model": "{server.model}", "messages": [{{"role": "user", "content": '
+    cases = [
+        # (what, raw body, param, words the message must hold)
+        ("nested 5,000 deep in a message", f"{head}{deep}}}]}}", None, "nested too deeply"),
+        ("a body that is only nesting", deep, None, "nested too deeply"),
+        ("a lone surrogate in a message", head + '"\\ud800 hi"}]}', "messages",
+         "messages.0.content: holds a lone UTF-16 surrogate"),
+        ("a lone low surrogate in a stop string",
+         f'{{"model": "{server.model}", "prompt": "hi", "stop": ["\\udc00"]}}', "stop",
+         "stop.0: holds a lone UTF-16 surrogate"),
+        ("a number of 5,000 digits",
+         f'{{"model": "{server.model}", "prompt": "hi", "max_tokens": {"9" * 5000}}}', None,
+         "a number with too many digits"),
+    ]
+    for what, body, param, words in cases:
+        path = "/v1/completions" if '"prompt"' in body else "/v1/chat/completions"
+        r = ask(server, path, content=body.encode())
+        assert r.status_code == 400, (what, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == param, what
+        assert words in error["message"], (what, error["message"])
+    # A surrogate pair is one character (U+1F600), not a lone surrogate.
+    paired = head + '"\\ud83d\\ude00 hi"}], "max_tokens": 2}'
+    assert ask(server, "/v1/chat/completions", content=paired.encode()).status_code == 200
     assert server.health()["status"] == "ok"
 
 
@@ -365,6 +406,82 @@ def test_api_key(start):
     assert server.client(api_key="s3cret").completions.create(**body).choices[0].text is not None
     assert server.health()["status"] == "ok"  # health checks need no key
     assert server.stop() == 0
+
+
+# ------------------------------------------------------------------- the server's faults
+
+
+class InProcessServer:
+    """The API on a real socket of 127.0.0.1, served from this process around a decoder
+    the test built (what `specllama serve` runs, less its signal handling)."""
+
+    def __init__(self, decoder: SpeculativeDecoder, model: str) -> None:
+        self.model, self.log = model, []
+        self.worker = Worker(decoder, max_waiting=8, draft_max=0, draft_mode="lookup",
+                             log=self.log.append)
+        config = ServeConfig(model, Defaults(SamplingParams(temperature=0.0), 8),
+                             draft_max=0, draft_mode="lookup")
+        app = create_app(self.worker, config, self.log.append)
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        sock = listen("127.0.0.1", 0)
+        self.url = url_of(sock)
+        self.worker.start()
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(30)
+        self.worker.close()
+
+
+@pytest.fixture
+def refusing_cache(tmp_path):
+    """A server whose target's KV cache llama.cpp refuses to cut back: a recurrent (Mamba)
+    model that claims it can drop a suffix, as in test_rewind.py. A request that shares
+    only a prefix with the previous one makes the engine cut there, for real."""
+    mamba = write_tiny_mamba(tmp_path / "tiny-mamba.gguf")
+    decoder = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1, p_min=0.0)
+    decoder.target.memory_kind = "transformer"
+    server = InProcessServer(decoder, "mamba")
+    yield server
+    server.stop()
+    decoder.close()
+
+
+def test_a_server_side_fault_is_a_500_not_the_clients_mistake(refusing_cache):
+    server = refusing_cache
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    prompt = "a" * 12
+    client.completions.create(model="mamba", prompt=prompt)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model="mamba", prompt=prompt[:6] + " " + prompt)
+    assert info.value.status_code == 500
+    error = info.value.body
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "server_error"
+    assert error["message"].startswith("generation failed: tiny-mamba.gguf: llama.cpp could "
+                                       "not drop cached tokens")
+    assert server.health()["requests"]["failed"] == 1
+
+    # Streaming: the 200 is already sent, so the fault comes as an error event, then the end.
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30, json={
+        "model": "mamba", "prompt": prompt[:3] + " " + prompt, "stream": True,
+    }) as r:
+        assert r.status_code == 200
+        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert events[-1]["error"]["type"] == "server_error", events
+    assert all("error" not in e for e in events[:-1])
+    assert server.health()["requests"]["failed"] == 2
 
 
 # ------------------------------------------------------------------------- the command

@@ -21,7 +21,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import Finished, SpecLlamaError, TargetToken, TextFlushed, TokensAccepted
+from .. import (
+    ContextOverflowError,
+    Finished,
+    InvalidParameterError,
+    SpecLlamaError,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
 from .prompts import Defaults, Work, build_work
 from .responses import Chunks, completion, figures, new_id
 from .schema import APIError, ChatRequest, CompletionRequest, parse
@@ -33,6 +41,9 @@ GRACE_S = 30
 # A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
 # its 413 instead of a connection reset halfway through sending.
 _DRAIN_LIMIT = 4 * MAX_BODY
+# The errors a request itself can cause during its generation (400); any other failure
+# (a KV cache llama.cpp refused to cut, a failed decode, ...) is the server's (500).
+_CLIENT_ERRORS = (InvalidParameterError, ContextOverflowError)
 
 
 @dataclass(frozen=True)
@@ -225,9 +236,9 @@ class _API:
             if first is not None:
                 yield _sse(first)
             async for item in job.items():
-                if isinstance(item, Failure):
+                if isinstance(item, Failure):  # after the 200: an error event, then the end
                     yield _sse(_failure(item.error).body())
-                    return
+                    break
                 if isinstance(item, (TokensAccepted, TargetToken, TextFlushed)):
                     if item.text:
                         yield _sse(chunks.text(item.text))
@@ -296,7 +307,8 @@ def _shutting_down() -> APIError:
 def _failure(error: BaseException) -> APIError:
     if isinstance(error, ShuttingDown):
         return _shutting_down()
-    if isinstance(error, SpecLlamaError):
+    if isinstance(error, _CLIENT_ERRORS):
         return APIError(400, str(error))
-    return APIError(500, f"generation failed: {type(error).__name__}: {error}",
-                    type="server_error")
+    what = str(error) if isinstance(error, SpecLlamaError) else \
+        f"{type(error).__name__}: {error}"
+    return APIError(500, f"generation failed: {what}", type="server_error")

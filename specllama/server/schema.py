@@ -1,12 +1,14 @@
 """Request bodies of the OpenAI API (the fields specllama honours) and OpenAI-shaped errors.
 
-Status codes: 400 for a body that is not UTF-8 JSON or a value out of its range (as
-OpenAI answers), 422 for JSON of the wrong shape (a missing field, a wrong type).
+Status codes: 400 for a body that is not UTF-8 JSON (or not text: a lone surrogate;
+or past what Python reads: nested too deeply, a number too long) or a value out of its
+range (as OpenAI answers), 422 for JSON of the wrong shape (a missing field, a wrong type).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 _RANGE_ERRORS = {
     "greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
 }
+# A JSON escape of a UTF-16 surrogate: the only way a lone one gets into a decoded body.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class APIError(Exception):
@@ -131,6 +136,19 @@ def parse(body: bytes, kind: type[_Request]) -> Any:
             f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, "
             f"column {exc.colno})",
         ) from None
+    except RecursionError:
+        raise APIError(400, "the request body is JSON nested too deeply to read") from None
+    except ValueError:  # Python's limit on the digits of an integer (sys.int_info)
+        raise APIError(400, "the request body holds a number with too many digits") from None
+    if _SURROGATE_ESCAPE.search(text):
+        path = _lone_surrogate(data)
+        if path is not None:
+            raise APIError(
+                400,
+                f"{'.'.join(path) + ':' if path else 'the request body'} holds a lone "
+                "UTF-16 surrogate (an escape \\ud800-\\udfff without its pair), which is not text",
+                param=path[0] if path else None,
+            )
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
@@ -140,3 +158,22 @@ def parse(body: bytes, kind: type[_Request]) -> Any:
         status = 400 if first["type"] in _RANGE_ERRORS else 422
         message = f"{where}: {first['msg']}" if where else first["msg"]
         raise APIError(status, message, param=loc[0] if loc else None) from None
+
+
+def _lone_surrogate(data: Any) -> list[str] | None:
+    """The path to the first string (or key) holding an unpaired surrogate, or None.
+    A loop, not recursion: the body may be nested as deep as json.loads allows."""
+    todo: list[tuple[list[str], Any]] = [([], data)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if _SURROGATE.search(key):
+                    return path
+                todo.append(([*path, key], item))
+        elif isinstance(value, list):
+            todo += [([*path, str(i)], item) for i, item in reversed(list(enumerate(value)))]
+    return None
