@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.engine import llama, rpc
-from specllama.engine.llama import rpc_available
+from specllama.engine import backend, llama, rpc
+from specllama.engine.backend import rpc_available
 from specllama.errors import RpcError
 from specllama.policy.calibration import cache_key, cache_path
 
@@ -329,7 +329,7 @@ def test_rpc_server_stops_on_sigterm(tmp_path):
 def test_a_build_without_rpc_names_the_fix():
     """What a build without GGML_RPC meets: the registry has no such function."""
     with pytest.raises(RpcError, match=r'CMAKE_ARGS="-DGGML_RPC=on" pip install'):
-        llama._rpc_proc("ggml_backend_rpc_not_in_this_build", llama._ADD_SERVER)
+        backend._rpc_proc("ggml_backend_rpc_not_in_this_build", backend._ADD_SERVER)
 
 
 def test_connections_to_the_server_get_keepalive(server, tiny_target):

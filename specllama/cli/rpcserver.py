@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ..engine.llama import serve_rpc
+from ..engine.backend import serve_rpc
 from ..engine.rpc import DEFAULT_PORT, check_host, is_loopback
 from ..errors import RpcError
 

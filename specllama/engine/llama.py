@@ -1,22 +1,20 @@
-"""The only module that imports llama_cpp.
+"""One GGUF model through llama.cpp's low-level API (llama-cpp-python's `_internals.py`
+in spirit); `quantize`.
 
 A `Model` is one GGUF file with its own context (KV cache) and a reusable batch.
 It tracks which tokens its KV cache holds (`cached`), decodes new tokens at the
 end of that sequence, hands out logits rows as zero-copy numpy views, and cuts
-the cache back. When llama-cpp-python changes its low-level API, only this file
-changes.
+the cache back. With `backend.py` (the process-wide side: log, start, RPC), the only
+module that touches llama_cpp: when its API changes, only these two change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import functools
 import os
-import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,236 +25,17 @@ from ..errors import (
     DraftDerivationError,
     KVCacheError,
     ModelLoadError,
-    RpcError,
 )
+from . import backend
 from . import rpc as rpc_net
+from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .gguf import check_gguf_file
 
-# llama.cpp's CPU threads (OpenMP in this build) spin while they wait for each other. That
-# is 30% faster on an idle machine than passive waiting (39.8 vs 30.3 tok/s, 2 threads, the
-# default pair) and ruinous when another process takes a core; so the default thread count
-# is the cores others leave free (cli/options.py), not a different wait policy
-# (docs/performance.md). OMP_WAIT_POLICY=passive is the user's to set.
-
-try:
-    import llama_cpp as lc
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModelLoadError(
-        f"llama-cpp-python is not installed or failed to import ({exc}); "
-        "install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
-    ) from exc
-
-
-LogitsAddress = Callable[[int | None, int], int | None]
-
-
-@functools.cache
-def _logits_address() -> LogitsAddress | None:
-    """llama_get_logits_ith returning a plain address. The row is read right after
-    a decode has flushed the CPU caches, where llama-cpp-python's POINTER(c_float)
-    result plus numpy.ctypeslib costs ~100 us a token; this is a few. Indexing the
-    library gives a new function object (not the one llama-cpp-python uses), so
-    retyping it changes nothing for anyone else."""
-    try:
-        fn = lc.llama_cpp._lib["llama_get_logits_ith"]
-    except (AttributeError, KeyError, TypeError, OSError):  # pragma: no cover
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
-    fn.restype = ctypes.c_void_p
-    return fn
-
-
-# llama.cpp's log goes into this ring instead of the terminal; the last lines
-# explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
-_LOG: deque[str] = deque(maxlen=64)
-
-
-@lc.llama_log_callback
-def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", errors="replace")
-    _LOG.append(line)
-    if os.environ.get("SPECLLAMA_DEBUG"):
-        sys.stderr.write(line)
-
-
-@functools.cache
-def _init_llama() -> None:
-    """Route llama.cpp's log to our ring and start its backend: once, when the
-    first model is loaded or quantized (not merely because this module was imported)."""
-    lc.llama_log_set(_on_log, ctypes.c_void_p(0))
-    lc.llama_backend_init()
-
+# llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine,
+# ruinous when another process takes a core; hence the default thread count of
+# cli/options.py rather than another wait policy (docs/performance.md).
 
 LLAMA_CPP_VERSION = str(getattr(lc, "__version__", "?"))
-
-
-@functools.cache
-def _amx_built_in() -> bool:
-    """Whether this llama.cpp was compiled with its AMX kernels (built with -march=native
-    on a CPU that has AMX). Built by GCC 12 they crash on every batch of 2 or more
-    quantized tokens: the compiler drops the stores that fill the tile configuration, and
-    ldtilecfg faults on what is left (llama.cpp issue 20824; seen on a Xeon with AMX with
-    llama-cpp-python 0.3.36). AMX weights are an "extra buffer type", so such a build
-    loads models without extra buffer types: measured here, the CPU repacking that this
-    also turns off changed no decode of 1-8 tokens by more than the noise (2%)."""
-    info = lc.llama_print_system_info().decode("utf-8", errors="replace")
-    return "AMX_INT8 = 1" in info
-
-
-# ------------------------------------------------------------------ RPC devices
-# ggml's RPC backend (ggml-rpc.h, ggml-backend.h of the bundled llama.cpp), reached
-# through the registry the way llama.cpp's own tools do, so a build without it is a
-# clear error rather than a missing symbol.
-RPC_BUILD_HINT = (
-    "this llama-cpp-python was built without llama.cpp's RPC backend; rebuild it with: "
-    'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
-    "'llama-cpp-python>=0.3.36,<0.4'"
-)
-_VP = ctypes.c_void_p
-_GGML_DEVICE_CPU = 0  # enum ggml_backend_dev_type
-
-
-@functools.cache
-def _ggml() -> ctypes.CDLL:
-    """libggml (the backend registry) next to llama-cpp-python's libllama."""
-    lib_dir = Path(lc.llama_cpp.__file__).parent / "lib"
-    names = ("libggml.so", "libggml.dylib", "ggml.dll")
-    path = next((lib_dir / n for n in names if (lib_dir / n).exists()), None)
-    if path is None:  # pragma: no cover - depends on the install
-        raise RpcError(f"libggml not found in {lib_dir}; {RPC_BUILD_HINT}")
-    lib = ctypes.CDLL(str(path))
-    for name, res, args in (
-        ("ggml_backend_reg_by_name", _VP, [ctypes.c_char_p]),
-        ("ggml_backend_reg_get_proc_address", _VP, [_VP, ctypes.c_char_p]),
-        ("ggml_backend_reg_dev_count", ctypes.c_size_t, [_VP]),
-        ("ggml_backend_reg_dev_get", _VP, [_VP, ctypes.c_size_t]),
-        ("ggml_backend_dev_by_type", _VP, [ctypes.c_int]),
-    ):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
-
-
-def _rpc_proc(name: str, prototype: Any) -> Any:
-    ggml = _ggml()
-    reg = ggml.ggml_backend_reg_by_name(b"RPC")
-    address = ggml.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
-    if not address:
-        raise RpcError(RPC_BUILD_HINT)
-    return prototype(address)
-
-
-_RPC_SEEN: set[str] = set()  # endpoints ggml has connected to in this process
-_ADD_SERVER = ctypes.CFUNCTYPE(_VP, ctypes.c_char_p)
-_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
-                                 ctypes.c_size_t, ctypes.POINTER(_VP))
-_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-
-
-def rpc_available() -> bool:
-    """Whether this llama.cpp build has the RPC backend."""
-    try:
-        _rpc_proc("ggml_backend_rpc_add_server", _ADD_SERVER)
-    except RpcError:
-        return False
-    return True
-
-
-def _rpc_devices(endpoints: Sequence[str]) -> list[int]:
-    """The devices of these RPC servers, each checked first (bounded) because
-    ggml's client would abort the process on one it cannot reach."""
-    add_server = _rpc_proc("ggml_backend_rpc_add_server", _ADD_SERVER)
-    ggml = _ggml()
-    devices: list[int] = []
-    for endpoint in endpoints:
-        if endpoint not in _RPC_SEEN:
-            # Not again once connected: ggml keeps that connection, and the server,
-            # serving one client at a time, would not answer a second one.
-            rpc_net.check_server(endpoint)
-        reg = add_server(endpoint.encode())
-        _RPC_SEEN.add(endpoint)
-        count = ggml.ggml_backend_reg_dev_count(reg) if reg else 0
-        if not count:
-            raise RpcError(f"RPC server {endpoint} offers no devices")
-        devices.extend(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(count))
-    _install_abort_handler()
-    _start_stall_watch()
-    return devices
-
-
-def _fatal(message: str) -> None:
-    """Last words when llama.cpp aborts: it calls abort() right after this, so
-    the process cannot go on; leave with one line and exit code 2 instead."""
-    os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
-    os._exit(2)
-
-
-#: Seconds one decode on RPC devices may take before the server counts as lost: a
-#: server that stops answering but keeps its connection would otherwise hang us.
-def _stall_bound(default: float = 120.0) -> float:
-    try:
-        value = float(os.environ.get("SPECLLAMA_RPC_TIMEOUT", "") or default)
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-RPC_STALL_S = _stall_bound()
-_RPC_WAITS: dict[int, tuple[float, str]] = {}  # id(model) -> (deadline, endpoints)
-
-
-@functools.cache
-def _start_stall_watch() -> None:
-    """One daemon thread: a remote decode past its deadline ends the process in one
-    line (the C call cannot be interrupted, and its state would be unknown anyway)."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            now = time.monotonic()
-            for deadline, where in list(_RPC_WAITS.values()):
-                if now > deadline:
-                    _fatal(f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; "
-                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)")
-
-    threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
-
-
-_ABORT_HANDLER: list[Any] = []  # keeps the ctypes callback alive for the process's life
-
-
-@functools.cache
-def _install_abort_handler() -> None:
-    """A lost RPC server makes ggml abort (GGML_ABORT in its client thread), with a
-    C backtrace; say it in one line instead. Installed only once a remote device is
-    used, so local runs keep llama.cpp's own behaviour."""
-
-    def on_abort(raw: bytes | None) -> None:
-        text = (raw or b"").decode("utf-8", errors="replace").strip()
-        text = text.split(": ", 1)[-1] if text.count(":") >= 2 else text  # drop file:line
-        if "RPC" in text or "connect" in text:
-            _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')}); "
-                   "the target lives there, so generation cannot go on")
-        _fatal(f"llama.cpp aborted: {text}")
-
-    _ABORT_HANDLER.append(_ABORT_CALLBACK(on_abort))
-    # libllama links libggml-base, which holds the setter
-    fn = lc.llama_cpp._lib["ggml_set_abort_callback"]
-    fn.restype, fn.argtypes = _VP, [_ABORT_CALLBACK]
-    fn(_ABORT_HANDLER[0])
-
-
-def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -> None:
-    """Run ggml's RPC server on this machine's CPU; returns only if it cannot start."""
-    _init_llama()
-    start = _rpc_proc("ggml_backend_rpc_start_server", _START_SERVER)
-    cpu = _ggml().ggml_backend_dev_by_type(_GGML_DEVICE_CPU)
-    if not cpu:  # pragma: no cover - every build has a CPU backend
-        raise RpcError("llama.cpp found no CPU device to serve")
-    devices = (_VP * 1)(cpu)
-    cache = str(cache_dir).encode() if cache_dir is not None else None
-    start(f"{host}:{port}".encode(), cache, n_threads, 1, devices)
-
 
 QUANT_TYPES: dict[str, int] = {
     "F32": lc.LLAMA_FTYPE_ALL_F32,  # the bandwidth-bound stand-in for a big target (bench/)
@@ -270,14 +49,6 @@ QUANT_TYPES: dict[str, int] = {
 }
 
 LogitsWanted = Literal["none", "last", "all"]
-
-
-def _last_log_error() -> str:
-    for line in reversed(_LOG):
-        line = line.strip()
-        if line and ("error" in line.lower() or "failed" in line.lower()):
-            return line
-    return next((line.strip() for line in reversed(_LOG) if line.strip()), "no details")
 
 
 class Model:
@@ -294,7 +65,7 @@ class Model:
     ) -> None:
         """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
         there instead of this machine's CPU."""
-        _init_llama()
+        backend.init()
         self.path = Path(path)
         # llama.cpp handles (ctypes objects); None once freed
         self._model: Any = None
@@ -305,17 +76,16 @@ class Model:
 
         self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         mparams = lc.llama_model_default_params()
-        if _amx_built_in():
+        if backend.amx_built_in():
             mparams.use_extra_bufts = False
         if self.rpc:
-            devices = _rpc_devices(self.rpc)
-            self._devices = (_VP * (len(devices) + 1))(*devices, None)  # NULL-terminated
-            mparams.devices = ctypes.cast(self._devices, _VP)
+            self._devices = backend.rpc_devices(self.rpc)  # kept alive with the model
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
             mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
         model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelLoadError(
-                f"{self.path}: llama.cpp could not load it ({_last_log_error()}); "
+                f"{self.path}: llama.cpp could not load it ({backend.last_log_error()}); "
                 "the file may be truncated or of an unsupported architecture"
             )
         self._model = model
@@ -331,9 +101,8 @@ class Model:
         ctx = lc.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
-            raise ModelLoadError(
-                f"{self.path}: could not create a context of {n_ctx} tokens ({_last_log_error()})"
-            )
+            raise ModelLoadError(f"{self.path}: could not create a context of {n_ctx} tokens "
+                                 f"({backend.last_log_error()})")
         self._ctx = ctx
         self.n_ctx = int(lc.llama_n_ctx(ctx))
         self._mem = lc.llama_get_memory(ctx)
@@ -346,7 +115,7 @@ class Model:
         self.memory_kind = _memory_kind(model)
         self._row_type = ctypes.c_float * self.n_vocab
         self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
-        self._fast_logits = _logits_address()
+        self._fast_logits = backend.logits_address()
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         if self.rpc:
             rpc_net.keep_alive(list(self.rpc))
@@ -378,10 +147,8 @@ class Model:
             self._model = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     @property
     def placement(self) -> str:
@@ -515,17 +282,7 @@ class Model:
         # smaller of this list and the cache's real end (pos_max).
         self.cached.extend(tokens)
         t0 = time.perf_counter()
-        if self.rpc:
-            _RPC_WAITS[id(self)] = (time.monotonic() + RPC_STALL_S, ", ".join(self.rpc))
-        try:
-            rc = lc.llama_decode(self._ctx, batch)
-            if self.rpc and rc == 0:
-                # Remote devices compute asynchronously: wait here, so decode_s (the
-                # stats, auto's costs) holds the real cost rather than the next read.
-                lc.llama_synchronize(self._ctx)
-        finally:
-            if self.rpc:
-                _RPC_WAITS.pop(id(self), None)
+        rc = self._decode_remote(batch) if self.rpc else lc.llama_decode(self._ctx, batch)
         self.decode_s += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
@@ -538,33 +295,37 @@ class Model:
             raise ModelLoadError(f"{self.path.name}: llama_decode failed with code {rc}")
         self.tokens_evaluated += len(tokens)
 
+    def _decode_remote(self, batch: Any) -> int:
+        with backend.stall_watch(", ".join(self.rpc)):
+            rc = int(lc.llama_decode(self._ctx, batch))
+            if rc == 0:
+                # Remote devices compute asynchronously: wait here, so decode_s (the
+                # stats, auto's costs) holds the real cost rather than the next read.
+                lc.llama_synchronize(self._ctx)
+        return rc
+
     def warm_batch_sizes(self, sizes: Sequence[int]) -> int:
         """On RPC devices: decode each batch size of `sizes` once (logits of every row),
         untimed, and cut the cache and the counters back, so a measurement that follows
         times what a decode of that size costs from then on. Local models: nothing.
         Returns the number of decodes made.
 
-        Why: the first decode of a new batch shape in a process makes ggml's RPC client
-        ask the server for the compute size of each MUL_MAT shape of the graph, one
-        synchronous RPC_CMD_GET_ALLOC_SIZE round trip each (ggml-rpc.cpp,
-        ggml_backend_rpc_buffer_type_get_alloc_size; cached per shape afterwards): five
-        for a llama-type model, 5 x the round trip on top of that one decode. A decode
-        of a shape already seen sends SET_TENSORs, GRAPH_COMPUTE (or GRAPH_RECOMPUTE)
-        and one GET_TENSOR, the only reply it waits for, whatever its size. Not worth
-        doing before generation: one decode costs more than the round trips it saves."""
+        Why: the first decode of a new batch shape makes ggml's RPC client ask the server
+        for the compute size of each MUL_MAT shape, one synchronous round trip each (five
+        for a llama-type model; ggml-rpc.cpp get_alloc_size, cached per shape); a shape
+        seen before waits for one reply only. Not worth it before generation: one decode
+        costs more than the round trips it saves."""
         if not self.rpc:
             return 0
-        todo = [n for n in dict.fromkeys(int(n) for n in sizes)
-                if 1 < n <= self.n_batch and n not in self._warm_sizes]
-        todo = [n for n in todo if len(self.cached) + n <= self.n_ctx]
+        base = len(self.cached)
+        todo = [n for n in dict.fromkeys(int(n) for n in sizes) if 1 < n <= self.n_batch
+                and n not in self._warm_sizes and base + n <= self.n_ctx]
         if not todo:
             return 0
-        base = len(self.cached)
         saved = (self.decode_s, self.decode_calls, self.tokens_evaluated)
-        filler = self._stand_in
         try:
             for n in todo:
-                self.decode([filler] * n, "all")
+                self.decode([self._stand_in] * n, "all")
                 self.truncate(base)
                 self._warm_sizes.add(n)
         finally:
@@ -656,7 +417,7 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
         raise DraftDerivationError(
             f"unknown quantization {ftype!r}; choose one of {', '.join(QUANT_TYPES)}"
         )
-    _init_llama()
+    backend.init()
     params = lc.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[ftype]
     params.nthread = n_threads or 0
@@ -664,5 +425,5 @@ def quantize(src: Path, dst: Path, ftype: str, n_threads: int | None = None) -> 
     rc = lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise DraftDerivationError(
-            f"{src}: requantizing to {ftype} failed ({_last_log_error()})"
+            f"{src}: requantizing to {ftype} failed ({backend.last_log_error()})"
         )
