@@ -38,6 +38,13 @@ class RpcError(SpecLlamaError):
     or this llama.cpp build has no RPC backend."""
 
 
+class DecodeError(SpecLlamaError):
+    """llama.cpp failed to decode a batch (llama_decode returned an error), for a reason
+    other than a full KV cache. Not a user mistake; reported in one line all the same."""
+
+    exit_code = 1
+
+
 class KVCacheError(SpecLlamaError):
     """llama.cpp refused to cut a KV cache back: continuing would silently stop being exact.
     Not a user mistake; reported in one line all the same."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import (
     ContextOverflowError,
+    DecodeError,
     DraftDerivationError,
     KVCacheError,
     ModelLoadError,
@@ -292,7 +293,8 @@ class Model:
                 raise ContextOverflowError(
                     f"{self.path.name}: no room in the KV cache for {len(tokens)} more tokens"
                 )
-            raise ModelLoadError(f"{self.path.name}: llama_decode failed with code {rc}")
+            raise DecodeError(f"{self.path.name}: llama_decode failed with code {rc} on "
+                              f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
         self.tokens_evaluated += len(tokens)
 
     def _decode_remote(self, batch: Any) -> int:
