@@ -205,6 +205,10 @@ def write_tiny_model(
     add_space_prefix: bool = True,
     name: str | None = None,
     extra_tokens: int = 0,
+    bos: str = "<s>",
+    eos: str = "</s>",
+    add_bos: bool = True,
+    add_eos: bool = False,
 ) -> Path:
     """Write a tiny random ``llama`` GGUF model to ``path`` and return the path.
 
@@ -216,6 +220,9 @@ def write_tiny_model(
     generator: the other weights stay those of the same ``seed`` without them, so such a
     model and one without the extras form a pair whose vocabularies differ at the end, as
     Qwen2.5 7B (152,064 ids) and 0.5B (151,936) do.
+
+    ``bos`` and ``eos`` name the special tokens (e.g. ``eos="<|im_end|>"``) the GGUF declares
+    as BOS and EOS; ``add_bos`` and ``add_eos`` say whether the tokenizer adds them.
 
     ``add_space_prefix=True`` (the SPM/Llama-1/2 default) makes llama.cpp prepend "▁" to
     the text it tokenizes, so detokenizing yields a leading space unless it is stripped
@@ -279,11 +286,11 @@ def write_tiny_model(
     w.add_array("tokenizer.ggml.scores", scores)
     w.add_array("tokenizer.ggml.token_type", types)
     w.add_uint32("tokenizer.ggml.unknown_token_id", tok_id["<unk>"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", tok_id["<s>"])
-    w.add_uint32("tokenizer.ggml.eos_token_id", tok_id["</s>"])
+    w.add_uint32("tokenizer.ggml.bos_token_id", tok_id[bos])
+    w.add_uint32("tokenizer.ggml.eos_token_id", tok_id[eos])
     w.add_uint32("tokenizer.ggml.eot_token_id", tok_id["<|im_end|>"])
-    w.add_bool("tokenizer.ggml.add_bos_token", True)
-    w.add_bool("tokenizer.ggml.add_eos_token", False)
+    w.add_bool("tokenizer.ggml.add_bos_token", add_bos)
+    w.add_bool("tokenizer.ggml.add_eos_token", add_eos)
     w.add_bool("tokenizer.ggml.add_space_prefix", add_space_prefix)
     if chat_template is not None:
         w.add_string("tokenizer.chat_template", chat_template)

@@ -1,4 +1,5 @@
-"""Can this draft speak for this target? The check llama.cpp applies to a pair."""
+"""Can this draft speak for this target? The check llama.cpp applies to a pair
+(`common_speculative_are_compatible`, common/speculative.cpp)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ VOCAB_TYPES = {0: "none", 1: "SentencePiece", 2: "BPE", 3: "WordPiece", 4: "Unig
 
 
 def check_compatible(target: Model, draft: Model) -> None:
-    """Raise IncompatiblePairError naming both files and the first difference."""
+    """Raise IncompatiblePairError naming both files and the first difference. As
+    llama.cpp: the same tokenizer type; both add BOS or neither, and the same BOS id where
+    they add it (likewise EOS); vocabulary sizes within 128; the same text from id 5 on."""
 
     def fail(what: str) -> None:
         raise IncompatiblePairError(
@@ -24,12 +27,16 @@ def check_compatible(target: Model, draft: Model) -> None:
     if target.vocab_type != draft.vocab_type:
         names = [VOCAB_TYPES.get(v, str(v)) for v in (target.vocab_type, draft.vocab_type)]
         fail(f"tokenizer types differ ({names[0]} vs {names[1]})")
+    # A BOS/EOS id matters only where the tokenizers add it to every prompt.
+    for name, adds, ids in (("BOS", (target.adds_bos, draft.adds_bos), (target.bos, draft.bos)),
+                            ("EOS", (target.adds_eos, draft.adds_eos), (target.eos, draft.eos))):
+        if adds[0] != adds[1]:
+            one, other = ("target", "draft") if adds[0] else ("draft", "target")
+            fail(f"the {one} adds {name} to every prompt and the {other} does not")
+        if adds[0] and ids[0] != ids[1]:
+            fail(f"{name} tokens differ ({ids[0]} vs {ids[1]})")
     if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
         fail(f"vocabulary sizes differ ({target.n_vocab} vs {draft.n_vocab} tokens)")
-    if target.bos != draft.bos:
-        fail(f"BOS tokens differ ({target.bos} vs {draft.bos})")
-    if target.eos != draft.eos:
-        fail(f"EOS tokens differ ({target.eos} vs {draft.eos})")
     for token in range(FIRST_COMPARED_TOKEN, min(target.n_vocab, draft.n_vocab)):
         a, b = target.token_text(token), draft.token_text(token)
         if a != b:

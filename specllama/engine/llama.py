@@ -173,6 +173,10 @@ class Model:
     def adds_bos(self) -> bool:
         return bool(lc.llama_vocab_get_add_bos(self._vocab))
 
+    @property
+    def adds_eos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_eos(self._vocab))
+
     def token_text(self, token: int) -> bytes:
         """The raw vocabulary entry (e.g. '▁the', '<0x0A>'), as llama.cpp compares vocabs."""
         return lc.llama_vocab_get_text(self._vocab, token) or b""
