@@ -21,12 +21,12 @@ from specllama import (
     ContextOverflowError,
     Finished,
     InvalidParameterError,
-    SamplingParams,
     SpeculativeDecoder,
     TokensAccepted,
 )
 from specllama.cli.chat import ChatREPL, ChatSession, parse_setting
 from specllama.cli.options import RunSettings
+from specllama.engine.settings import LIVE_SETTINGS
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|\r")
@@ -45,7 +45,7 @@ NO_SYSTEM = (
 
 def settings(n_ctx: int, **over) -> RunSettings:
     values = dict(
-        sampling=SamplingParams(temperature=0.0),
+        temperature=0.0,
         max_tokens=12,
         draft_max=4,
         draft_mode="model",
@@ -185,7 +185,8 @@ def test_interrupted_reply_keeps_partial_text_and_consistent_caches(open_session
     b.messages.append(reply)
     b._anchor, b.committed = a._anchor, list(a.committed)
     b.decoder.reset()
-    a.settings.max_tokens = b.settings.max_tokens = 30  # far from float-noise ties
+    for session in (a, b):
+        session.set("max_tokens", 30)  # far from float-noise ties
     say(a, "what is that")
     say(b, "what is that")
     assert a.last_turn.result.tokens == b.last_turn.result.tokens
@@ -279,6 +280,22 @@ def test_template_without_a_system_role_gets_it_in_the_first_message(
 
 
 # --------------------------------------------------------------------- commands
+
+
+def test_set_takes_every_live_setting_of_the_table(open_session):
+    s = open_session()
+    before = s.settings
+    for name in LIVE_SETTINGS:
+        assert s.set(name, str(getattr(before, name)))[0] == name
+    assert s.settings == before
+
+
+@pytest.mark.parametrize("mode", ["model", "hybrid"])
+def test_set_refuses_model_drafts_without_a_draft_model(open_session, mode):
+    s = open_session(draft="lookup", draft_mode="lookup")
+    with pytest.raises(InvalidParameterError, match=f"draft mode {mode} needs a draft model"):
+        s.set("draft_mode", mode)
+    assert s.settings.draft_mode == "lookup"
 
 
 def test_set_validates_like_the_config_file(open_session):

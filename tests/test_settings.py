@@ -7,9 +7,15 @@ import pytest
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.cli.options import settings_markdown
-from specllama.engine.settings import FILE_SETTINGS, LIVE_SETTINGS, SETTINGS, validate_setting
-from specllama.models.config import PairDefaults
+from specllama.cli.options import RunSettings, settings_markdown
+from specllama.engine.settings import (
+    FILE_SETTINGS,
+    LIVE_SETTINGS,
+    SETTINGS,
+    show,
+    validate_setting,
+)
+from specllama.models.config import load_config
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -40,8 +46,23 @@ def test_the_api_defaults_are_the_table_defaults():
 
 
 def test_models_toml_and_set_take_the_table_settings():
-    assert tuple(f for f in PairDefaults.__dataclass_fields__) == FILE_SETTINGS
     assert "draft_mode" in LIVE_SETTINGS and "n_ctx" not in LIVE_SETTINGS
+    assert "rpc" not in FILE_SETTINGS  # given per target in models.toml
+
+
+def test_every_setting_reaches_models_toml_and_the_run_settings(tmp_path):
+    """A setting added to the table alone is taken by [defaults] and kept by RunSettings
+    (its flag: test_every_setting_is_a_flag_...; /set: test_chat; --json: test_cli)."""
+    values = {n: 1 if SETTINGS[n].default is None else SETTINGS[n].default
+              for n in FILE_SETTINGS}
+    path = tmp_path / "models.toml"
+    path.write_text('[pairs.p]\ntarget = "t.gguf"\ndraft = "d.gguf"\n[pairs.p.defaults]\n'
+                    + "".join(f"{n} = {show(v)}\n" for n, v in values.items()))
+    defaults = load_config(path).pair("p").defaults
+    assert defaults.as_dict() == values
+    settings = defaults.over(RunSettings())
+    assert {n: getattr(settings, n) for n in FILE_SETTINGS} == values
+    assert set(SETTINGS) <= set(settings.as_dict())
 
 
 @pytest.mark.parametrize("name, value", [

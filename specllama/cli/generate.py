@@ -7,9 +7,9 @@ import json
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
+from rich.console import Console
 
 from ..engine.decoder import SpeculativeDecoder
 from ..engine.events import Finished
@@ -17,7 +17,15 @@ from ..errors import InvalidParameterError
 from ..policy.compare import compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
 from .liveview import LiveDrafts
-from .options import model_options, open_decoder, pass_options, sampling_options, view_options
+from .options import (
+    RunOptions,
+    RunSettings,
+    model_options,
+    open_decoder,
+    run_options,
+    sampling_options,
+    view_options,
+)
 from .trace import TraceRecorder, token_piece, trace_kind
 from .ui import TokenPrinter, spinner, stats_table, stderr_console
 
@@ -69,26 +77,36 @@ def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
 @view_options
 @click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
               "to open or share) or FILE.json (the per-round records).")
-@pass_options
-def generate(opts: dict[str, Any]) -> None:
+@run_options
+def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: bool | None,
+             system: str | None, plain: bool, as_json: bool, show_drafts: bool, pace: int,
+             trace: str | None) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
-    err = stderr_console(plain=opts["plain"])
-    if opts["trace"]:
-        check_trace_path(opts["trace"])
-    text = read_prompt(opts["prompt"])
-    decoder, settings = open_decoder(opts, err)
-    settings.stop = tuple(opts["stop"])
-    if settings.sampling.seed is None:
-        # Drawn here and recorded (--json, the stats), so any run can be repeated.
-        settings.sampling = dataclasses.replace(settings.sampling, seed=secrets.randbits(31))
-    tokens = prompt_tokens(decoder, text, opts["chat"], opts["system"])
+    err = stderr_console(plain=plain)
+    if trace:
+        check_trace_path(trace)
+    text = read_prompt(prompt)
+    decoder, settings = open_decoder(run, err)
+    try:
+        # A seed drawn here is recorded (--json, the stats), so any run can be repeated.
+        seed = secrets.randbits(31) if settings.seed is None else settings.seed
+        settings = dataclasses.replace(settings, stop=stop, seed=seed)
+        tokens = prompt_tokens(decoder, text, chat, system)
+        _generate(decoder, settings, tokens, err, plain=plain, as_json=as_json,
+                  live=bool(show_drafts or pace), pace=pace, trace=trace)
+    finally:
+        decoder.close()
+
+
+def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
+              err: Console, *, plain: bool, as_json: bool, live: bool, pace: int,
+              trace: str | None) -> None:
     printer: TokenPrinter | LiveDrafts | None = None
-    if not opts["as_json"]:
-        plain = TokenPrinter(color=False if opts["plain"] else None)
-        live = plain.color and (opts["show_drafts"] or opts["pace"])
-        printer = LiveDrafts(plain.out, token_piece(decoder), pace_ms=opts["pace"]) if live \
-            else plain
-    recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if opts["trace"] else None
+    if not as_json:
+        text_out = TokenPrinter(color=False if plain else None)
+        printer = LiveDrafts(text_out.out, token_piece(decoder), pace_ms=pace) \
+            if text_out.color and live else text_out
+    recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if trace else None
     stream = decoder.stream(
         tokens,
         max_tokens=settings.max_tokens,
@@ -117,7 +135,6 @@ def generate(opts: dict[str, Any]) -> None:
     busy = meter.stop()
     result = stream.result
     if result is None:  # interrupted while the prompt was read: nothing to report
-        decoder.close()
         click.echo("specllama: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if printer is not None:  # end the text's line before anything goes to the terminal
@@ -130,7 +147,7 @@ def generate(opts: dict[str, Any]) -> None:
             comparison = compare_with_target(decoder, result.stats)
     else:
         comparison = compare_with_target(decoder, result.stats)
-    if opts["as_json"]:
+    if as_json:
         click.echo(
             json.dumps(
                 {
@@ -149,11 +166,10 @@ def generate(opts: dict[str, Any]) -> None:
     elif printer is not None:
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
                               comparison=comparison, busy=busy))
-    if recorder is not None:
+    if recorder is not None and trace:
         recorder.finish(result)
-        kind = recorder.save(opts["trace"])
-        err.print(f"trace ({kind}) written to {opts['trace']}", style="dim", markup=False)
-    decoder.close()
+        kind = recorder.save(trace)
+        err.print(f"trace ({kind}) written to {trace}", style="dim", markup=False)
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,9 +18,16 @@ import click
 from rich.console import Console
 
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafts import DEFAULT_DRAFT_MODE, DraftMode
-from ..engine.sampling import SamplingParams
-from ..engine.settings import DRAFT_MAX_WORDS, LIVE_SETTINGS, SETTINGS, default, validate_setting
+from ..engine.drafts import DEFAULT_DRAFT_MODE, check_draft_mode
+from ..engine.settings import (
+    DRAFT_MAX_WORDS,
+    LIVE_SETTINGS,
+    SETTINGS,
+    DraftMode,
+    Overrides,
+    Settings,
+    validate_setting,
+)
 from ..errors import InvalidParameterError
 from ..models.config import Pair, find_and_load_config, source_from_flag
 from ..models.hf import resolve_hf
@@ -126,55 +133,61 @@ def view_options(f: F) -> F:
     ])
 
 
-@dataclass
-class RunSettings:
-    """Every setting of a run, resolved; what --json reports and /set changes."""
+@dataclass(frozen=True)
+class RunSettings(Settings):
+    """Every setting of a run, resolved, and what it runs: what --json reports and /set
+    changes. Its settings are the table's (engine/settings.py), so a new one follows."""
 
-    sampling: SamplingParams
-    max_tokens: int
-    draft_max: int | str
-    draft_mode: DraftMode
-    n_ctx: int
-    threads: int | None
-    p_min: float = default("p_min")
+    draft_mode: DraftMode = DEFAULT_DRAFT_MODE  # resolved for the pair loaded
     pair: str | None = None
     target: str = ""
     draft: str = ""
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    rpc: tuple[str, ...] = ()  # RPC servers holding the target; () = local
+    stop: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
-        s = self.sampling
-        return {
-            "pair": self.pair,
-            "target": self.target,
-            "draft": self.draft,
-            "temperature": s.temperature,
-            "top_k": s.top_k,
-            "top_p": s.top_p,
-            "min_p": s.min_p,
-            "seed": s.seed,
-            "max_tokens": self.max_tokens,
-            "draft_max": self.draft_max,
-            "draft_mode": self.draft_mode,
-            "p_min": self.p_min,
-            "n_ctx": self.n_ctx,
-            "threads": self.threads,
-            "rpc": list(self.rpc),
-            "stop": list(self.stop),
-        }
+    def as_dict(self) -> dict[str, object]:
+        """For JSON: every field, tuples as lists."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in values}
 
 
-def resolve_settings(opts: dict[str, Any], pair: Pair | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line says about a run: which models, and the setting flags given
+    (checked by the table once the models are chosen, so a missing file is told first)."""
+
+    pair_name: str | None = None
+    config_path: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    recalibrate: bool = False
+    flags: tuple[tuple[str, object], ...] = ()  # (setting name, value as click gave it)
+
+    def overrides(self) -> Overrides:
+        return Overrides.of(**{name: validate_setting(name, value, label=SETTINGS[name].flag)
+                               for name, value in self.flags})
+
+
+_MODEL_FLAGS = ("pair_name", "config_path", "target", "draft", "recalibrate")
+
+
+def run_options(f: Callable[..., None]) -> Callable[..., None]:
+    """Gather a command's model and setting flags into its first argument, a RunOptions;
+    the command's own options stay keyword arguments."""
+
+    @functools.wraps(f)
+    def wrapper(**kwargs: Any) -> None:
+        flags = tuple((name, value) for name in SETTINGS
+                      if (value := kwargs.pop(name, None)) is not None and value != ())
+        models = {name: kwargs.pop(name) for name in _MODEL_FLAGS if name in kwargs}
+        f(RunOptions(**models, flags=flags), **kwargs)
+
+    return wrapper
+
+
+def resolve_settings(run: RunOptions, pair: Pair | None) -> Settings:
     """Flag > pair default > the table's default, each flag validated by the table."""
-    merged = {name: s.default for name, s in SETTINGS.items()}
-    if pair is not None:
-        merged.update(pair.defaults.as_dict())
-    for name, s in SETTINGS.items():
-        value = opts.get(name)
-        if value is not None and value != ():  # () is an absent repeatable flag
-            merged[name] = validate_setting(name, value, label=s.flag)
-    return merged
+    settings = Settings() if pair is None else pair.defaults.over(Settings())
+    return run.overrides().over(settings)
 
 
 @dataclass
@@ -196,52 +209,40 @@ def _flag_model(value: str, role: str, progress: Callable[[str], None]) -> Path 
     return check_gguf_file(source.path, what=f"{role} model")
 
 
-def choose_models(opts: dict[str, Any], progress: Callable[[str], None]) -> ModelChoice:
+def choose_models(run: RunOptions, progress: Callable[[str], None]) -> ModelChoice:
     """The files to load, from --target/--draft or a pair in models.toml."""
-    if opts.get("target"):
-        if opts.get("pair_name"):
+    if run.target:
+        if run.pair_name:
             raise InvalidParameterError("give either --pair or --target/--draft, not both")
-        draft_opt = opts.get("draft")
-        if not draft_opt:
+        if not run.draft:
             raise InvalidParameterError(
                 "--target needs --draft (a GGUF file, or 'lookup' for prompt-lookup drafts)"
             )
-        target = _flag_model(opts["target"], "target", progress)
+        target = _flag_model(run.target, "target", progress)
         assert target is not None  # "lookup" is refused for a target
-        draft_file = _flag_model(draft_opt, "draft", progress)
+        draft_file = _flag_model(run.draft, "draft", progress)
         return ModelChoice(target, draft_file, None, str(draft_file) if draft_file else "lookup")
-    if opts.get("draft"):
+    if run.draft:
         raise InvalidParameterError("--draft needs --target (or choose a pair with --pair)")
-    config = find_and_load_config(opts.get("config_path"))
-    pair = config.pair(opts.get("pair_name"))
-    target, draft = resolve_pair(pair, n_threads=opts.get("threads"), progress=progress)
+    config = find_and_load_config(run.config_path)
+    pair = config.pair(run.pair_name)
+    threads = dict(run.flags).get("threads")
+    target, draft = resolve_pair(pair, n_threads=threads if isinstance(threads, int) else None,
+                                 progress=progress)
     return ModelChoice(target, draft, pair, str(draft) if draft else "lookup")
 
 
-def open_decoder(
-    opts: dict[str, Any], console: Console
-) -> tuple[SpeculativeDecoder, RunSettings]:
+def open_decoder(run: RunOptions, console: Console) -> tuple[SpeculativeDecoder, RunSettings]:
     """Resolve models and settings, load both models with a spinner."""
     def progress(message: str) -> None:
         console.print(f"[dim]{message}[/dim]")
 
-    choice = choose_models(opts, progress)
-    merged = resolve_settings(opts, choice.pair)
-    sampling = SamplingParams(
-        temperature=float(merged["temperature"]),
-        top_k=merged["top_k"],
-        top_p=float(merged["top_p"]),
-        min_p=float(merged["min_p"]),
-        seed=merged["seed"],
-    )
-    draft_mode: DraftMode = merged["draft_mode"] or (DEFAULT_DRAFT_MODE if choice.draft
-                                                     else "lookup")
-    if draft_mode == "model" and choice.draft is None:
-        raise InvalidParameterError(
-            "--draft-mode model needs a draft model, but this pair drafts by lookup"
-        )
+    choice = choose_models(run, progress)
+    merged = resolve_settings(run, choice.pair)
+    draft_mode = merged.draft_mode or (DEFAULT_DRAFT_MODE if choice.draft else "lookup")
+    check_draft_mode(draft_mode, has_draft_model=choice.draft is not None)
     # --rpc replaces the pair's own servers (models.toml: target = { ..., rpc = [...] })
-    rpc: tuple[str, ...] = merged["rpc"] or (choice.pair.target_rpc if choice.pair else ())
+    rpc = merged.rpc or (choice.pair.target_rpc if choice.pair else ())
     names = choice.target.name + (f" + {choice.draft.name}" if choice.draft else "")
     if rpc:
         names += f" (target on {', '.join(rpc)})"
@@ -252,37 +253,29 @@ def open_decoder(
         decoder = SpeculativeDecoder.load(
             choice.target,
             choice.draft if choice.draft is not None else "lookup",
-            n_ctx=merged["n_ctx"],
-            n_threads=merged["threads"],
-            p_min=merged["p_min"],
+            n_ctx=merged.n_ctx,
+            n_threads=merged.threads,
+            p_min=merged.p_min,
             target_rpc=rpc,
         )
-        if merged["threads"] is None:
+        if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)
-        if merged["draft_max"] == "auto" or opts.get("recalibrate"):
+        if merged.draft_max == "auto" or run.recalibrate:
             # Here rather than at the first round, so the time shows as loading.
-            refresh = bool(opts.get("recalibrate"))
-            why = AutoState.measuring(decoder, refresh=refresh)
+            why = AutoState.measuring(decoder, refresh=run.recalibrate)
             if why:
                 say(why)
-            AutoState.for_decoder(decoder, refresh=refresh)
-    if decoder.n_ctx != merged["n_ctx"]:
+            AutoState.for_decoder(decoder, refresh=run.recalibrate)
+    if decoder.n_ctx != merged.n_ctx:
         # llama.cpp rounds the context up (to a multiple of 256): say so, not silently.
         console.print(f"note: the context window is {decoder.n_ctx} tokens, not "
-                      f"{merged['n_ctx']}: llama.cpp rounds it up to what it supports")
-    settings = RunSettings(
-        sampling=sampling,
-        max_tokens=merged["max_tokens"],
-        draft_max=merged["draft_max"],
-        draft_mode=draft_mode,
-        p_min=merged["p_min"],
-        n_ctx=decoder.n_ctx,
-        threads=decoder.target.n_threads,
-        pair=choice.pair.name if choice.pair else None,
-        target=str(choice.target),
-        draft=choice.draft_label,
-        rpc=rpc,
-    )
+                      f"{merged.n_ctx}: llama.cpp rounds it up to what it supports")
+    resolved: dict[str, Any] = {f.name: getattr(merged, f.name) for f in fields(merged)}
+    # What was loaded: the context llama.cpp gave, the threads chosen, the servers used.
+    resolved.update(draft_mode=draft_mode, n_ctx=decoder.n_ctx,
+                    threads=decoder.target.n_threads, rpc=rpc)
+    settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
+                           target=str(choice.target), draft=choice.draft_label)
     return decoder, settings
 
 
@@ -303,14 +296,3 @@ def _choose_threads(decoder: SpeculativeDecoder, meter: CpuMeter, t0: float,
     if busy is not None and n < n_cores:
         console.print(f"note: other processes are using {busy:.0%} of the CPU, so this runs "
                       f"on {n} thread{'s' if n > 1 else ''} of {n_cores} (--threads N to choose)")
-
-
-def pass_options(f: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
-    """Collect a command's keyword options into one dict argument `opts`."""
-
-    @functools.wraps(f)
-    def wrapper(**kwargs: Any) -> None:
-        f(kwargs)
-
-    return wrapper
-

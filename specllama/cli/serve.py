@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.markup import escape
 
 from .. import server
-from .options import model_options, open_decoder, pass_options, sampling_options
+from .options import RunOptions, model_options, open_decoder, run_options, sampling_options
 from .ui import stats_table, stderr_console
 
 
@@ -24,35 +23,37 @@ from .ui import stats_table, stderr_console
 @click.option("--queue", "max_waiting", default=8, show_default=True,
               type=click.IntRange(0, 1024),
               help="Requests that may wait behind the one being served; more get 503.")
-@pass_options
-def serve(opts: dict[str, Any]) -> None:
+@run_options
+def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waiting: int) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /v1/completions, /v1/models, /health) until Ctrl-C."""
     err = stderr_console()
-    if not server.is_loopback(opts["host"]) and not opts["api_key"]:
-        err.print(f"[yellow]warning:[/yellow] serving on {escape(opts['host'])} without "
+    if not server.is_loopback(host) and not api_key:
+        err.print(f"[yellow]warning:[/yellow] serving on {escape(host)} without "
                   "--api-key: anyone who can reach this machine can use it")
     # Bind before loading: a taken port fails in a second, not after the models load.
-    sock = server.listen(opts["host"], opts["port"])
-    decoder, settings = open_decoder(opts, err)
-    model_id = settings.pair or Path(settings.target).stem
-    config = server.ServeConfig(
-        model_id=model_id,
-        defaults=server.Defaults(settings.sampling, settings.max_tokens),
-        draft_max=settings.draft_max,
-        draft_mode=settings.draft_mode,
-        api_key=opts["api_key"],
-        max_waiting=opts["max_waiting"],
-        target=Path(settings.target).name,
-        draft=Path(settings.draft).name,
-    )
-    totals = server.serve(
-        decoder, config, sock,
-        on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
-                                       markup=False),
-        log=lambda line: err.print(line, markup=False, style="dim"),
-    )
-    decoder.close()
+    sock = server.listen(host, port)
+    decoder, settings = open_decoder(run, err)
+    try:
+        model_id = settings.pair or Path(settings.target).stem
+        config = server.ServeConfig(
+            model_id=model_id,
+            defaults=server.Defaults(settings.sampling, settings.max_tokens),
+            draft_max=settings.draft_max,
+            draft_mode=settings.draft_mode,
+            api_key=api_key,
+            max_waiting=max_waiting,
+            target=Path(settings.target).name,
+            draft=Path(settings.draft).name,
+        )
+        totals = server.serve(
+            decoder, config, sock,
+            on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
+                                           markup=False),
+            log=lambda line: err.print(line, markup=False, style="dim"),
+        )
+    finally:
+        decoder.close()
     t = totals
     err.print(f"stopped: {t.completed} completed, {t.cancelled} cancelled, {t.failed} failed, "
               f"{t.rejected} turned away (503)")

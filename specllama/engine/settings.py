@@ -1,4 +1,4 @@
-"""The one table of settings: name, type, range, default, help.
+"""The one table of settings: name, type, range, default, help (the `Settings` dataclass).
 
 It drives the command-line flags, models.toml `[defaults]`, `/set` in chat, the
 validation messages and the defaults of the Python API, so a setting has one
@@ -11,18 +11,20 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, TypeVar, get_args
 
 from ..errors import InvalidParameterError
 from .rpc import endpoint_problem
+from .sampling import SamplingParams
 
 Check = Callable[[Any], "tuple[Any, str | None]"]
 
 #: Largest allowed draft_max (tokens drafted per round).
 DRAFT_MAX_LIMIT = 64
 DRAFT_MAX_WORDS = ("auto", "heuristic")
-DRAFT_MODES = ("model", "lookup", "hybrid")
+DraftMode = Literal["model", "lookup", "hybrid"]
+DRAFT_MODES: tuple[DraftMode, ...] = get_args(DraftMode)
 
 
 def _kind(value: Any) -> str:
@@ -164,37 +166,81 @@ def _seed_check(value: Any) -> tuple[Any, str | None]:
     return (None, None) if value is None else _int_at_least(0)(value)
 
 
-SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("n_ctx", int, 2048, "Context window in tokens.", _int_at_least(16), at_load=True),
-    Setting("threads", int, None, "CPU threads (default: the cores other processes leave free).",
-            _int_at_least(1),
-            at_load=True),
+def _row(default: Any, kind: type, help: str, check: Check, **extra: Any) -> Any:
+    """A field of Settings: its default, and the rest of its row of the table."""
+    return field(default=default, metadata={"row": dict(type=kind, help=help, check=check,
+                                                        **extra)})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The table itself: one field per setting, in the order flags and messages list them.
+    Adding a field here adds its flag, its `[defaults]` key, `/set` and its place in
+    --json's settings."""
+
+    n_ctx: int = _row(2048, int, "Context window in tokens.", _int_at_least(16), at_load=True)
+    threads: int | None = _row(None, int, "CPU threads (default: the cores other processes "
+                               "leave free).", _int_at_least(1), at_load=True)
     # A tuple setting is a repeatable flag; models.toml gives it per target (rpc = [...]).
-    Setting("rpc", tuple, (), "Run the target on this llama.cpp RPC server (HOST:PORT; "
-            "repeat to split it over several); the draft stays local.", _check_rpc,
-            in_file=False, at_load=True),
-    Setting("draft_max", int, "auto",
-            "Draft length: N (0 = target alone), 'auto' (cost-aware) or 'heuristic'.",
-            _check_draft_max, words=DRAFT_MAX_WORDS),
-    Setting("draft_mode", str, None,
-            "Who drafts: the draft model, prompt lookup, or both (default: hybrid, "
-            "lookup where the text repeats itself and the draft model elsewhere; lookup "
-            "when there is no draft model).", _check_draft_mode, in_file=False,
-            words=DRAFT_MODES),
-    Setting("temperature", float, 0.8, "0 = greedy.", _float_in(0.0, None),
-            aliases=("--temp",)),
-    Setting("top_k", int, 0, "Keep the k most likely tokens (0 = off).", _int_at_least(0)),
-    Setting("top_p", float, 1.0, "Nucleus sampling mass in (0, 1].",
-            _float_in(0.0, 1.0, lo_open=True)),
-    Setting("min_p", float, 0.0, "Drop tokens below min_p × the top probability.",
-            _float_in(0.0, 1.0)),
-    Setting("max_tokens", int, 256, "Tokens to generate at most.", _int_at_least(1)),
-    Setting("seed", int, None, "Random seed (same seed, same output).", _seed_check),
+    rpc: tuple[str, ...] = _row((), tuple, "Run the target on this llama.cpp RPC server "
+                                "(HOST:PORT; repeat to split it over several); the draft "
+                                "stays local.", _check_rpc, in_file=False, at_load=True)
+    draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
+                                "(cost-aware) or 'heuristic'.", _check_draft_max,
+                                words=DRAFT_MAX_WORDS)
+    # None: chosen by the pair (hybrid with a draft model, lookup without).
+    draft_mode: DraftMode | None = _row(None, str, "Who drafts: the draft model, prompt lookup, or "
+                                  "both (default: hybrid, lookup where the text repeats "
+                                  "itself and the draft model elsewhere; lookup when there "
+                                  "is no draft model).", _check_draft_mode, in_file=False,
+                                  words=DRAFT_MODES)
+    temperature: float = _row(0.8, float, "0 = greedy.", _float_in(0.0, None),
+                              aliases=("--temp",))
+    top_k: int = _row(0, int, "Keep the k most likely tokens (0 = off).", _int_at_least(0))
+    top_p: float = _row(1.0, float, "Nucleus sampling mass in (0, 1].",
+                        _float_in(0.0, 1.0, lo_open=True))
+    min_p: float = _row(0.0, float, "Drop tokens below min_p × the top probability.",
+                        _float_in(0.0, 1.0))
+    max_tokens: int = _row(256, int, "Tokens to generate at most.", _int_at_least(1))
+    seed: int | None = _row(None, int, "Random seed (same seed, same output).", _seed_check)
     # 0.2 gains 1-5% where verifying is dear and is neutral where drafting pays
     # (docs/architecture.md, "The draft confidence cutoff").
-    Setting("p_min", float, 0.2, "Stop a draft when the draft model's top token has less "
-            "probability (0 = never; exact either way).", _float_in(0.0, 1.0)),
-)}
+    p_min: float = _row(0.2, float, "Stop a draft when the draft model's top token has less "
+                        "probability (0 = never; exact either way).", _float_in(0.0, 1.0))
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
+
+SETTINGS: dict[str, Setting] = {
+    f.name: Setting(f.name, default=f.default, **f.metadata["row"]) for f in fields(Settings)
+}
+
+S = TypeVar("S", bound=Settings)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Some settings, each already checked by the table: a pair's models.toml `[defaults]`,
+    or the flags given. `values` holds them; the others keep the table's defaults there."""
+
+    values: Settings = field(default_factory=Settings)
+    given: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, **values: Any) -> Overrides:
+        return cls(Settings(**values), frozenset(values))
+
+    def over(self, below: S) -> S:
+        """`below` with these settings in place of its own."""
+        return replace(below, **{n: getattr(self.values, n) for n in self.given})
+
+    def as_dict(self) -> dict[str, object]:
+        """Only the settings given, in the table's order."""
+        return {n: getattr(self.values, n) for n in SETTINGS if n in self.given}
+
 
 #: The settings models.toml [defaults] accepts, in the order messages list them.
 FILE_SETTINGS: tuple[str, ...] = tuple(n for n, s in SETTINGS.items() if s.in_file)

@@ -421,7 +421,7 @@ class _Loader:
             if problem is not None:
                 self.fail(key, problem)
             values[name] = normalized
-        return PairDefaults(**values)
+        return PairDefaults.of(**values)
 
 
 def _toml_error(display: str, exc: tomllib.TOMLDecodeError) -> ConfigError:

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
-from ..engine.settings import FILE_SETTINGS
+from ..engine.settings import Overrides
 from ..errors import ConfigError
 
 CONFIG_FILENAME = "models.toml"
@@ -183,25 +183,9 @@ class ModelSource:
         return "prompt lookup (no draft model)"
 
 
-@dataclass(frozen=True)
-class PairDefaults:
-    """Per-pair default settings; ``None`` means "not set in the file"."""
-
-    n_ctx: int | None = None
-    threads: int | None = None
-    draft_max: int | Literal["auto"] | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    p_min: float | None = None  # draft confidence cutoff (stop a draft below it)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Only the settings that are set, in declaration order."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
+#: A pair's default settings (models.toml `[defaults]`): the settings it gives, each
+#: checked by the table; flags override them.
+PairDefaults = Overrides
 
 
 @dataclass(frozen=True)
@@ -256,7 +240,3 @@ class Config:
         close = difflib.get_close_matches(name, list(self.pairs), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{self.path}: no pair named {name!r}{hint}; known pairs: {known}")
-
-
-# PairDefaults mirrors the settings table
-assert tuple(f.name for f in fields(PairDefaults)) == FILE_SETTINGS

@@ -12,7 +12,14 @@ from rich.console import Console
 
 from ...errors import InvalidParameterError
 from ...policy.cpumeter import loadavg
-from ..options import RECALIBRATE_OPTION, model_options, open_decoder, setting_option
+from ..options import (
+    RECALIBRATE_OPTION,
+    RunOptions,
+    model_options,
+    open_decoder,
+    run_options,
+    setting_option,
+)
 from ..ui import stderr_console
 from .prompts import DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
 from .report import (
@@ -65,7 +72,10 @@ def _bench_options(f: F) -> F:
 
 @click.command("bench")
 @_bench_options
-def bench_command(**opts: Any) -> None:
+@run_options
+def bench_command(run: RunOptions, prompts_path: str | None, modes: str, reps: int, raw: bool,
+                  warmup: bool, max_foreign: float, json_path: str | None,
+                  plot_path: str | None) -> None:
     """Benchmark the target alone, fixed draft lengths and auto, side by side.
 
     Every mode runs on the same prompts with the same seeds, threads and max
@@ -74,9 +84,9 @@ def bench_command(**opts: Any) -> None:
     share the cores.
     """
     console = stderr_console()
-    modes = parse_modes(opts["modes"])
-    prompts = load_prompts(opts["prompts_path"]) if opts["prompts_path"] else builtin_prompts()
-    if opts["plot_path"]:  # fail before the long run, not after it
+    mode_list = parse_modes(modes)
+    prompts = load_prompts(prompts_path) if prompts_path else builtin_prompts()
+    if plot_path:  # fail before the long run, not after it
         try:
             import matplotlib  # noqa: F401
         except ImportError as exc:
@@ -88,17 +98,17 @@ def bench_command(**opts: Any) -> None:
         console.print(f"[yellow]warning:[/yellow] load average {load:.2f} on "
                       f"{os.cpu_count()} cores: other processes compete for the CPU and the "
                       "figures will be noisy")
-    decoder, settings = open_decoder(opts, console)
+    decoder, settings = open_decoder(run, console)
     try:
 
         def progress(msg: str) -> None:
             console.print(f"[dim]{msg}[/dim]")
 
         report = run_bench(
-            decoder, prompts, modes,
-            reps=opts["reps"], max_tokens=opts["max_tokens"], sampling=settings.sampling,
-            draft_mode=settings.draft_mode, warmup=opts["warmup"], raw=opts["raw"],
-            progress=progress, max_foreign=opts["max_foreign"],
+            decoder, prompts, mode_list,
+            reps=reps, max_tokens=settings.max_tokens, sampling=settings.sampling,
+            draft_mode=settings.draft_mode, warmup=warmup, raw=raw,
+            progress=progress, max_foreign=max_foreign,
         )
     finally:
         decoder.close()
@@ -114,9 +124,9 @@ def bench_command(**opts: Any) -> None:
     note = report["summary"]["overall"].get("auto", {}).get("policy_note")
     if note:
         screen.print(f"auto, last run: {note}", style="dim")
-    if opts["json_path"]:
-        write_json(report, opts["json_path"])
-        console.print(f"[dim]wrote {opts['json_path']}[/dim]")
-    if opts["plot_path"]:
-        write_plot(report, opts["plot_path"])
-        console.print(f"[dim]wrote {opts['plot_path']}[/dim]")
+    if json_path:
+        write_json(report, json_path)
+        console.print(f"[dim]wrote {json_path}[/dim]")
+    if plot_path:
+        write_plot(report, plot_path)
+        console.print(f"[dim]wrote {plot_path}[/dim]")

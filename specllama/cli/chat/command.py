@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
 
-from ..options import model_options, open_decoder, pass_options, sampling_options, view_options
+from ..options import (
+    RunOptions,
+    model_options,
+    open_decoder,
+    run_options,
+    sampling_options,
+    view_options,
+)
 from ..ui import stderr_console
 from .repl import ChatREPL
 from .session import ChatSession
@@ -19,21 +25,22 @@ from .session import ChatSession
 @click.option("--system", metavar="TEXT", help="System prompt for the conversation.")
 @click.option("--plain", is_flag=True, help="No colours.")
 @view_options
-@pass_options
-def chat_command(opts: dict[str, Any]) -> None:
+@run_options
+def chat_command(run: RunOptions, system: str | None, plain: bool, show_drafts: bool,
+                 pace: int) -> None:
     """Chat with the model pair: replies stream as they are verified.
 
     On a terminal: line editing, history, slash commands (/help). Piped: every
     line of stdin is one message (or a slash command); the replies go to stdout.
     """
-    err = stderr_console(plain=bool(opts.get("plain")))
-    decoder, settings = open_decoder(opts, err)
+    err = stderr_console(plain=plain)
+    decoder, settings = open_decoder(run, err)
     try:
-        session = ChatSession(decoder, settings, system=opts.get("system"))
+        session = ChatSession(decoder, settings, system=system)
         interactive = sys.stdin.isatty()
-        color = False if opts.get("plain") else None  # None: on a terminal, unless NO_COLOR
+        color = False if plain else None  # None: on a terminal, unless NO_COLOR
         code = ChatREPL(session, err=err, color=color, interactive=interactive,
-                        show_drafts=opts["show_drafts"], pace_ms=opts["pace"]).run()
+                        show_drafts=show_drafts, pace_ms=pace).run()
     finally:
         decoder.close()
     if code:

@@ -28,26 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
+from ...engine.drafts import check_draft_mode
 from ...engine.events import Event, PromptEvaluated
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
 from ..options import RunSettings
 from ..trace import TraceRecorder, token_piece
-from .transcript import save_transcript, transcript
+from .transcript import Message, Transcript
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed")
 _ALIASES = {"temp": "temperature", "t": "temperature", "k": "draft_max", "max": "max_tokens"}
 
 # Used when a model has no usable chat template.
 PLAIN_STOP = ("\nUser:",)
-
-
-@dataclass
-class Message:
-    role: str  # "user" or "assistant"
-    content: str
-    finish_reason: str | None = None  # assistant messages: why the reply ended
 
 
 @dataclass(frozen=True)
@@ -358,21 +351,12 @@ class ChatSession:
     # -------------------------------------------------------------- commands
     def set(self, name: str, value: Any) -> tuple[str, Any]:
         """Change a setting; `value` may be a string as typed after /set."""
-        if isinstance(value, str):
-            key, value = parse_setting(name, value)
-        else:
-            key, value = parse_setting(name, str(value))
-        if key == "draft_mode" and value in ("model", "hybrid") and self.decoder.draft is None:
-            raise InvalidParameterError(
-                f"draft_mode {value} needs a draft model, but this pair drafts by lookup"
-            )
-        s = self.settings
-        if key in _SAMPLING_FIELDS:
-            s.sampling = dataclasses.replace(s.sampling, **{key: value})
+        key, value = parse_setting(name, value if isinstance(value, str) else str(value))
+        if key == "draft_mode":
+            check_draft_mode(value, has_draft_model=self.decoder.draft is not None)
         elif key == "p_min":
-            s.p_min = self.decoder.p_min = value
-        else:
-            setattr(s, key, value)
+            self.decoder.p_min = value
+        self.settings = dataclasses.replace(self.settings, **{key: value})
         return key, value
 
     def reset(self) -> None:
@@ -407,8 +391,9 @@ class ChatSession:
 
     # ------------------------------------------------------------------ save
 
-    def transcript(self) -> dict[str, Any]:
-        return transcript(self)
+    def transcript(self) -> Transcript:
+        return Transcript(self.settings, self.system, tuple(self.messages), self.first_kept,
+                          self.totals)
 
     def save(self, path: str | Path) -> str:
         """Write the transcript: JSON for *.json, the trace page for *.html, Markdown
@@ -416,7 +401,7 @@ class ChatSession:
         if Path(path).suffix.lower() in (".html", ".htm"):
             self.trace.settings = self.settings.as_dict()
             return self.trace.save(Path(path).expanduser(), title="specllama chat")
-        return save_transcript(self, path)
+        return self.transcript().save(path)
 
 
 def one_line(exc: BaseException) -> str:

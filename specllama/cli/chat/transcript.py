@@ -4,47 +4,64 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ...engine.stats import Stats
 from ...errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from .session import ChatSession
+from ..options import RunSettings
 
 
-def transcript(session: ChatSession) -> dict[str, Any]:
-    return {
-        "format": "specllama-chat/1",
-        "saved": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "settings": session.settings.as_dict(),
-        "system": session.system,
-        "messages": [
-            {
-                "role": m.role,
-                "content": m.content,
-                **({"finish_reason": m.finish_reason} if m.finish_reason else {}),
-                **({"dropped_from_context": True} if i < session.first_kept else {}),
-            }
-            for i, m in enumerate(session.messages)
-        ],
-        "stats": session.totals.to_dict(),
-    }
+@dataclass
+class Message:
+    role: str  # "user" or "assistant"
+    content: str
+    finish_reason: str | None = None  # assistant messages: why the reply ended
 
 
-def save_transcript(session: ChatSession, path: str | Path) -> str:
-    """Write the transcript: JSON for *.json, Markdown otherwise. Returns the format."""
-    path = Path(path).expanduser()
-    data = transcript(session)
-    if path.suffix.lower() == ".json":
-        body, kind = json.dumps(data, ensure_ascii=False, indent=2) + "\n", "JSON"
-    else:
-        body, kind = _markdown(data), "Markdown"
-    try:
-        path.write_text(body, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidParameterError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return kind
+@dataclass(frozen=True)
+class Transcript:
+    """A chat as saved: messages before `first_kept` had left the context window."""
+
+    settings: RunSettings
+    system: str | None
+    messages: Sequence[Message]
+    first_kept: int
+    totals: Stats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "specllama-chat/1",
+            "saved": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "settings": self.settings.as_dict(),
+            "system": self.system,
+            "messages": [
+                {
+                    "role": m.role,
+                    "content": m.content,
+                    **({"finish_reason": m.finish_reason} if m.finish_reason else {}),
+                    **({"dropped_from_context": True} if i < self.first_kept else {}),
+                }
+                for i, m in enumerate(self.messages)
+            ],
+            "stats": self.totals.to_dict(),
+        }
+
+    def save(self, path: str | Path) -> str:
+        """Write it: JSON for *.json, Markdown otherwise. Returns the format."""
+        path = Path(path).expanduser()
+        data = self.to_dict()
+        if path.suffix.lower() == ".json":
+            body, kind = json.dumps(data, ensure_ascii=False, indent=2) + "\n", "JSON"
+        else:
+            body, kind = _markdown(data), "Markdown"
+        try:
+            path.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return kind
 
 
 def _markdown(data: dict[str, Any]) -> str:
