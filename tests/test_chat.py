@@ -130,7 +130,7 @@ def test_each_turn_evaluates_only_its_new_tokens(open_session):
         assert t.prompt_evaluated["target"] <= rest_tokens(s, line), rows
         # The draft may lag a few tokens behind the target, never more than one round.
         assert t.prompt_evaluated["draft"] <= t.prompt_evaluated["target"] + 5, rows
-        assert s.cache_report()["consistent"]
+        assert s.cache_report().consistent
     assert rows[-1][1] > rows[1][1] + 8 * 12  # the reused prefix grew every turn ...
     assert max(r[2] for r in rows[1:]) <= 30  # ... while the work per turn did not
     assert rows[-1][0] > 5 * rows[-1][2]
@@ -177,7 +177,7 @@ def test_interrupted_reply_keeps_partial_text_and_consistent_caches(open_session
     assert reply.role == "assistant" and reply.finish_reason == "interrupted"
     assert reply.content and a.last_turn.finish_reason == "interrupted"
     assert 6 <= len(a.last_turn.result.tokens) < 400
-    assert a.cache_report()["consistent"]
+    assert a.cache_report().consistent
     assert [m.role for m in a.messages] == ["user", "assistant"] * 2
 
     # b gets the same history without ever having had the interrupted stream.
@@ -205,7 +205,7 @@ def test_interrupt_before_the_first_token_withdraws_the_message(open_session):
     with pytest.raises(KeyboardInterrupt):
         gen.throw(KeyboardInterrupt)  # Ctrl-C arriving in the REPL loop
     assert [m.content for m in s.messages] == before
-    assert s.cache_report()["consistent"]
+    assert s.cache_report().consistent
     say(s, "the cat")
     assert len(s.messages) == 4
 
@@ -235,7 +235,7 @@ def test_overflow_drops_oldest_turns_keeps_system_and_continues(open_session):
         elif i > 0 and trims and i - 1 == trims[-1]:
             # ... and the turn after that is cheap again.
             assert t.prompt_evaluated["target"] <= rest_tokens(s, line)
-        assert s.cache_report()["consistent"]
+        assert s.cache_report().consistent
     assert trims, "the conversation never outgrew 256 tokens?"
     assert s.first_kept > 0
     # Trimming leaves room (a quarter of the window), so it is not needed every turn.

@@ -67,7 +67,7 @@ def test_a_long_chat_keeps_its_caches_consistent_and_its_memory_flat(tiny_target
                     drafted_this_round = False
             elif isinstance(event, Finished):
                 generated_total += len(event.result.tokens)
-        assert session.cache_report()["consistent"], session.cache_report()
+        assert session.cache_report().consistent, session.cache_report()
         if turn == 5:
             rss_early = rss_kib()
     assert trims >= 3, "the context should have overflowed several times"

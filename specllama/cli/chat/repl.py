@@ -373,7 +373,7 @@ class ChatREPL:
 
     def cmd_debug_cache(self, arg: str) -> None:
         report = self.session.cache_report()
-        self.err.print(" ".join(f"{k}={v}" for k, v in report.items()))
+        self.err.print(" ".join(f"{k}={v}" for k, v in report.as_dict().items()))
 
     def show_totals(self, title_prefix: str = "session") -> None:
         s = self.session

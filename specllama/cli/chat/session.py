@@ -30,6 +30,7 @@ from typing import Any
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from ...engine.drafts import check_draft_mode
 from ...engine.events import Event, PromptEvaluated
+from ...engine.kvreport import CacheReport, cache_report
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
@@ -374,20 +375,9 @@ class ChatSession:
         """Length of the conversation as the model sees it now (the last prompt + reply)."""
         return len(self.committed)
 
-    def cache_report(self) -> dict[str, Any]:
-        """Both caches against the token history (for /debug-cache and tests):
-        consistent means each cache holds a prefix of it, and llama.cpp agrees."""
-        out: dict[str, Any] = {"history": len(self.committed)}
-        ok = True
-        for name, model in (("target", self.decoder.target), ("draft", self.decoder.draft)):
-            if model is None:
-                continue
-            n = len(model.cached)
-            good = model.cached == self.committed[:n] and model.pos_max() + 1 == n
-            ok = ok and good
-            out[name] = n
-        out["consistent"] = ok
-        return out
+    def cache_report(self) -> CacheReport:
+        """Both caches against the token history (for /debug-cache and tests)."""
+        return cache_report(self.committed, self.decoder.target, self.decoder.draft)
 
     # ------------------------------------------------------------------ save
 
