@@ -239,7 +239,7 @@ def first_used_q_everywhere(verify):
 
 WRONG_RULES = {
     # name -> (module attribute to replace, replacement factory)
-    "q_1 used at every position": ("specllama.engine.decoder.verify", first_used_q_everywhere),
+    "q_1 used at every position": ("specllama.engine.rounds.verify", first_used_q_everywhere),
     "residual that keeps the rejected token": (
         "specllama.engine.sampling.residual", lambda real: (lambda p, q, token: p)
     ),
@@ -398,7 +398,7 @@ def test_hybrid_drafts_with_declined_lookups_follow_the_target_distribution(
     dec, probe, prompt = chain_setup
     mode, params = CHAIN_CASES["hybrid drafts, top-k 3"]
     if wrong:
-        import specllama.engine.decoder as decoder
+        import specllama.engine.rounds as decoder
 
         monkeypatch.setattr(decoder, "verify", first_used_q_everywhere(decoder.verify))
     policy = _DeclinesEveryOtherLookup()

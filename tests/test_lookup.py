@@ -262,7 +262,9 @@ def test_make_strategy_modes(dec, dec_lookup):
     assert isinstance(make_strategy("lookup", dec), LookupDraft)
     assert isinstance(make_strategy("hybrid", dec), HybridDraft)
     assert make_strategy("model", dec_lookup) is None  # no draft model: the target alone
-    assert isinstance(make_strategy("hybrid", dec_lookup), LookupDraft)
+    # One rule with the command line and /set: hybrid needs a draft model.
+    with pytest.raises(InvalidParameterError, match="draft mode hybrid needs a draft model"):
+        make_strategy("hybrid", dec_lookup)
     with pytest.raises(InvalidParameterError, match="draft mode must be one of"):
         make_strategy("ngram", dec)
 

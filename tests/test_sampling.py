@@ -5,6 +5,7 @@ import pytest
 
 from specllama import InvalidParameterError, SamplingParams
 from specllama.engine.sampling import (
+    Verdict,
     acceptance_probability,
     confidence,
     first_draft_acceptance,
@@ -12,11 +13,14 @@ from specllama.engine.sampling import (
     probabilities,
     residual,
     sample,
-    sample_logits,
     sample_logits_and_p,
     verify,
     verify_greedy,
 )
+
+
+def sample_logits(logits, params, rng):
+    return sample_logits_and_p(logits, params, rng)[0]
 
 
 def softmax(z):
@@ -74,7 +78,7 @@ def test_verify_empirical_matches_p_two_positions():
     counts = np.zeros(3)
     for _ in range(n):
         d1 = sample(q1, rng)
-        m, x = verify(lambda i: [p1, p2, p3][i], [d1], [q1], rng)
+        m, x, _ = verify(lambda i: [p1, p2, p3][i], [d1], [q1], rng)
         counts[d1 if m == 1 else x] += 1
     # chi-square against p1 (2 dof); 0.001 critical value 13.8
     chi2 = np.sum((counts - n * p1) ** 2 / (n * p1))
@@ -123,7 +127,7 @@ def test_verify_with_a_longer_draft_vocabulary_matches_p():
     counts = np.zeros(3)
     for _ in range(n):
         d1 = sample(q1, rng)
-        m, x = verify(lambda i: p1, [d1], [q1], rng)  # row 1 (the bonus) is unused
+        m, x, _ = verify(lambda i: p1, [d1], [q1], rng)  # row 1 (the bonus) is unused
         counts[d1 if m == 1 else x] += 1
     chi2 = np.sum((counts - n * p1) ** 2 / (n * p1))
     assert chi2 < 13.8
@@ -132,15 +136,26 @@ def test_verify_with_a_longer_draft_vocabulary_matches_p():
 def test_verify_bonus_when_all_accepted():
     p = np.eye(4)
     rng = np.random.default_rng(0)
-    m, x = verify(lambda i: p[i], [0, 1, 2], [None, None, None], rng)
-    assert (m, x) == (3, 3)
+    assert verify(lambda i: p[i], [0, 1, 2], [None, None, None], rng) == Verdict(3, 3, 1.0)
+
+
+def test_verify_returns_p_of_the_token_it_drew():
+    """Corrections, bonus tokens and plain steps come back with p at their row (the
+    shadow acceptance reads it), from the residual's row or from `draw`."""
+    p = np.array([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        m, x, p_x = verify(lambda i: p[i], [0], [np.array([1.0, 0.0, 0.0])], rng)
+        assert m in (0, 1) and p_x == p[m][x]
+    drawn = verify(lambda i: p[i], [], [], rng, draw=lambda i, r: (2, 0.25))
+    assert drawn == Verdict(0, 2, 0.25)
 
 
 def test_verify_greedy():
     rows = [5, 7, 9, 11]
-    assert verify_greedy(lambda i: rows[i], [5, 7, 9]) == (3, 11)
-    assert verify_greedy(lambda i: rows[i], [5, 8, 9]) == (1, 7)
-    assert verify_greedy(lambda i: rows[i], []) == (0, 5)
+    assert verify_greedy(lambda i: rows[i], [5, 7, 9]) == Verdict(3, 11, 1.0)
+    assert verify_greedy(lambda i: rows[i], [5, 8, 9]) == Verdict(1, 7, 1.0)
+    assert verify_greedy(lambda i: rows[i], []) == Verdict(0, 5, 1.0)
 
 
 def test_probabilities_temperature():

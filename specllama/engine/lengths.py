@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
+from .llama import Model
 from .settings import validate_setting
-
-if TYPE_CHECKING:
-    from .decoder import SpeculativeDecoder
 
 Source = Literal["model", "lookup"]
 #: What a draft model does at draft row j, once it has read the row: "stop" (draft nothing
@@ -118,14 +116,23 @@ class FixedDraftLength:
         return self.k > 0
 
 
-PolicyFactory = Callable[["SpeculativeDecoder"], DraftLengthPolicy]
+class PolicyHost(Protocol):
+    """What a policy may read of the decoder it serves (SpeculativeDecoder is one)."""
+
+    target: Model
+    draft: Model | None
+    #: What policies keep across the decoder's calls (auto: the measured costs).
+    policy_state: dict[str, object]
+
+
+PolicyFactory = Callable[[PolicyHost], DraftLengthPolicy]
 #: draft_max words -> the policy of one generation call (filled by specllama.policy).
 NAMED_POLICIES: dict[str, PolicyFactory] = {}
 
 DraftMax = int | str | DraftLengthPolicy
 
 
-def make_policy(draft_max: DraftMax, decoder: SpeculativeDecoder) -> DraftLengthPolicy:
+def make_policy(draft_max: DraftMax, decoder: PolicyHost) -> DraftLengthPolicy:
     """An int is a fixed k (0 = target alone), "auto" the cost-aware policy,
     "heuristic" +2/-1; a policy object is used as it is."""
     if not isinstance(draft_max, (int, str)) and hasattr(draft_max, "choose"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -161,23 +162,19 @@ def _invert(probs: np.ndarray, u: float) -> int:
     return i
 
 
-def sample_logits(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """One token from the processed distribution of `logits`: the same draw as
-    `sample(probabilities(logits, params), rng)` (one uniform, the same inverse CDF).
-
-    Plain decoding calls this once a token, right after a decode has flushed the
-    CPU caches, where every numpy call costs tens of microseconds: without filters
-    it samples the float32 weights exp((l - max) / T) as they are, skipping the
-    normalised float64 vector `probabilities` builds.
-    """
-    return sample_logits_and_p(logits, params, rng)[0]
-
-
 def sample_logits_and_p(
     logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
 ) -> tuple[int, float]:
-    """`sample_logits`, and p(token) under the processed distribution, from the same
-    weights (building `probabilities` again for it cost 0.3 ms a token here)."""
+    """One token from the processed distribution of `logits`, and its probability there:
+    the same draw as `sample(probabilities(logits, params), rng)` (one uniform, the same
+    inverse CDF).
+
+    The round loop calls this for every token the target draws itself, right after a
+    decode has flushed the CPU caches, where every numpy call costs tens of
+    microseconds: without filters it samples the float32 weights exp((l - max) / T) as
+    they are, skipping the normalised float64 vector `probabilities` builds (0.3 ms a
+    token here).
+    """
     if params.greedy:
         return int(np.argmax(logits)), 1.0
     n = logits.shape[-1]
@@ -269,36 +266,49 @@ def residual(p: np.ndarray, q: np.ndarray | None, token: int) -> np.ndarray:
     return r / total
 
 
+class Verdict(NamedTuple):
+    """The acceptance rule's answer: `accepted` drafts, then `token`, the correction
+    drawn from the residual or a token drawn from p itself (bonus, plain step), whose
+    probability under the target's processed distribution at its row is `p`."""
+
+    accepted: int
+    token: int
+    p: float
+
+
 def verify(
     p_rows: Callable[[int], np.ndarray],
     drafts: list[int],
     qs: list[np.ndarray | None],
     rng: np.random.Generator,
-    draw: Callable[[int, np.random.Generator], int] | None = None,
-) -> tuple[int, int]:
+    draw: Callable[[int, np.random.Generator], tuple[int, float]] | None = None,
+) -> Verdict:
     """The acceptance rule over one draft.
 
-    Returns (m, token): m drafts accepted left to right, then one more token: the
-    correction drawn from the residual at the first rejection, or a bonus token
-    drawn from p_{k+1} when all k are accepted. p rows are computed lazily so a
-    rejection at position 1 never processes the later rows. `draw(i, rng)`, when
-    given, samples p_{i+1} directly (the bonus token, or the only token of a
-    round without drafts) and must equal `sample(p_rows(i), rng)` in distribution.
+    m drafts are accepted left to right, then one more token is drawn: the correction
+    from the residual at the first rejection, or a bonus token from p_{k+1} when all k
+    are accepted. p rows are computed lazily so a rejection at position 1 never
+    processes the later rows. `draw(i, rng)`, when given, samples p_{i+1} directly and
+    returns the token with its p; it must equal `sample(p_rows(i), rng)` in distribution.
     """
     for i, d in enumerate(drafts):
         p = p_rows(i)
         if rng.random() < acceptance_probability(p, qs[i], d):
             continue
-        return i, sample(residual(p, qs[i], d), rng)
+        x = sample(residual(p, qs[i], d), rng)
+        return Verdict(i, x, float(p[x]))
     k = len(drafts)
-    return k, draw(k, rng) if draw is not None else sample(p_rows(k), rng)
+    if draw is not None:
+        return Verdict(k, *draw(k, rng))
+    p = p_rows(k)
+    x = sample(p, rng)
+    return Verdict(k, x, float(p[x]))
 
 
-def verify_greedy(argmax_rows: Callable[[int], int], drafts: list[int]) -> tuple[int, int]:
-    """Temperature 0: accept while the draft equals the target's argmax."""
+def verify_greedy(argmax_rows: Callable[[int], int], drafts: list[int]) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax (p is one-hot)."""
     for i, d in enumerate(drafts):
         best = argmax_rows(i)
         if d != best:
-            return i, best
-    return len(drafts), argmax_rows(len(drafts))
-
+            return Verdict(i, best, 1.0)
+    return Verdict(len(drafts), argmax_rows(len(drafts)), 1.0)
