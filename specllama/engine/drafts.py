@@ -23,9 +23,7 @@ from .sampling import (
     probabilities,
     sample,
 )
-from .settings import DRAFT_MODES
-
-DraftMode = Literal["model", "lookup", "hybrid"]
+from .settings import DRAFT_MODES, DraftMode
 
 #: At most this many rows of a catch-up are read for `Draft.shadow` (each row read costs
 #: the draft's output layer and a softmax; the latest tokens tell most about now).
