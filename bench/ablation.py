@@ -44,7 +44,6 @@ SWITCHES = [
     ("catch-up prior 0", "catch_up_prior=0"),
     ("no hysteresis (keep_margin = margin)", "keep_margin=0.03"),
     ("no upper bound on probes", "upper_z=inf"),
-    ("no optimistic cap", "optimistic_cap=1"),
     ("no plain reference rounds", "reference_every=1000000000"),
     ("no spike cap", "spike=1e9,spike_first=1e9"),
     ("no fast first rounds", "first_rounds=0"),

@@ -170,24 +170,6 @@ def test_an_unmeasured_catch_up_is_priced_at_the_prior():
     assert resumes_after(40, AutoTuning(resume_horizon=float("inf")))  # not priced at all
 
 
-# ----------------------------------------------------------------------------- optimistic_cap
-
-
-def test_the_optimistic_acceptance_is_capped():
-    """Probes are weighed at max(optimistic_alpha, the estimate), but never above
-    optimistic_cap: an estimate of 99% is weighed at 95%."""
-    st = state_for(t1=0.0082, draft_ratio=0.6, ratios=SMOL_RATIOS)
-    seen_at(st, 0.99)
-    policy = AutoDraftLength(st)
-    assert policy.choose("model") == 0
-    assert "even at 95% acceptance it would not" in policy.explain()
-    uncapped = AutoDraftLength(state_for(AutoTuning(optimistic_cap=1.0), t1=0.0082,
-                                         draft_ratio=0.6, ratios=SMOL_RATIOS))
-    seen_at(uncapped.state, 0.99)
-    uncapped.choose("model")
-    assert "even at 99% acceptance" in uncapped.explain()
-
-
 # ----------------------------------------------------------------------------- switches
 
 

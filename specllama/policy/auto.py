@@ -109,8 +109,7 @@ class AutoDraftLength:
 
     def _optimistic(self, src: SourceState) -> float:
         estimate, t = src.acceptance, self.tuning
-        return min(t.optimistic_cap, max(t.optimistic_alpha, estimate.overall),
-                   estimate.upper())
+        return min(max(t.optimistic_alpha, estimate.overall), estimate.upper())
 
     def _hopeful(self, src: SourceState) -> Decision:
         """The decision at an optimistic acceptance: could drafting pay at all?"""

@@ -50,9 +50,8 @@ class AutoTuning:
     #: A probe's draft length (0: no probes).
     probe_k: int = 2
     #: Probe only where drafting would pay at this acceptance (or the estimate, if
-    #: higher), capped at optimistic_cap and at the estimate's upper bound.
+    #: higher), capped at the estimate's upper bound.
     optimistic_alpha: float = 0.9
-    optimistic_cap: float = 0.95
     #: The upper bound is this many standard deviations above the estimate: probes that
     #: cannot pay still cost a catch-up each (inf: no upper bound).
     upper_z: float = 0.5
