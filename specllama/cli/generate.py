@@ -11,10 +11,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ..engine.decoder import SpeculativeDecoder
+from ..engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from ..engine.events import Finished
 from ..errors import InvalidParameterError
-from ..policy.compare import compare_with_target, needs_measuring
+from ..policy.compare import Comparison, compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
 from .liveview import LiveDrafts
 from .options import (
@@ -101,11 +101,7 @@ def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: b
 def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
               err: Console, *, plain: bool, as_json: bool, live: bool, pace: int,
               trace: str | None) -> None:
-    printer: TokenPrinter | LiveDrafts | None = None
-    if not as_json:
-        text_out = TokenPrinter(color=False if plain else None)
-        printer = LiveDrafts(text_out.out, token_piece(decoder), pace_ms=pace) \
-            if text_out.color and live else text_out
+    printer = None if as_json else _text_printer(decoder, plain=plain, live=live, pace=pace)
     recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if trace else None
     stream = decoder.stream(
         tokens,
@@ -115,54 +111,19 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         draft_mode=settings.draft_mode,
         stop=settings.stop,
     )
-    interrupted = False
     meter = CpuMeter()  # how much of the CPU others took: the figures' reliability
     meter.start()
-    try:
-        for event in stream:
-            if recorder is not None:
-                recorder.feed(event)
-            if printer is not None:
-                printer.show(event)
-            if isinstance(event, Finished):
-                break
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        stream.close()
-        if printer is not None:
-            printer.close()
+    interrupted = _play(stream, printer, recorder)
     busy = meter.stop()
     result = stream.result
     if result is None:  # interrupted while the prompt was read: nothing to report
         click.echo("specllama: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if printer is not None:  # end the text's line before anything goes to the terminal
-        if printer.printed and not printer.printed.endswith("\n"):
-            printer.out.write("\n")
-        printer.out.flush()
-    if result.stats.drafted and needs_measuring(decoder):
-        with spinner(err, "measuring the target's step cost, to compare with (kept for next "
-                     "time)"):
-            comparison = compare_with_target(decoder, result.stats)
-    else:
-        comparison = compare_with_target(decoder, result.stats)
+        _end_line(printer)
+    comparison = _compare(decoder, result, err)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "text": result.text,
-                    "tokens": result.tokens,
-                    "prompt_tokens": result.prompt_tokens,
-                    "finish_reason": result.finish_reason,
-                    "stats": result.stats.to_dict(),
-                    "vs_target_alone": dataclasses.asdict(comparison),
-                    "busy": busy,
-                    "settings": settings.as_dict(),
-                },
-                ensure_ascii=False,
-            )
-        )
+        click.echo(_json_report(result, comparison, busy, settings))
     elif printer is not None:
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
                               comparison=comparison, busy=busy))
@@ -172,6 +133,68 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         err.print(f"trace ({kind}) written to {trace}", style="dim", markup=False)
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _text_printer(decoder: SpeculativeDecoder, *, plain: bool, live: bool,
+                  pace: int) -> TokenPrinter | LiveDrafts:
+    """Colours unless --plain or not a terminal; the drafts drawn live when asked and shown."""
+    text_out = TokenPrinter(color=False if plain else None)
+    if text_out.color and live:
+        return LiveDrafts(text_out.out, token_piece(decoder), pace_ms=pace)
+    return text_out
+
+
+def _play(stream: GenerationStream, printer: TokenPrinter | LiveDrafts | None,
+          recorder: TraceRecorder | None) -> bool:
+    """Each event to the trace and the screen; True when Ctrl-C cut the run short."""
+    try:
+        for event in stream:
+            if recorder is not None:
+                recorder.feed(event)
+            if printer is not None:
+                printer.show(event)
+            if isinstance(event, Finished):
+                break
+    except KeyboardInterrupt:
+        return True
+    finally:
+        stream.close()
+        if printer is not None:
+            printer.close()
+    return False
+
+
+def _end_line(printer: TokenPrinter | LiveDrafts) -> None:
+    if printer.printed and not printer.printed.endswith("\n"):
+        printer.out.write("\n")
+    printer.out.flush()
+
+
+def _compare(decoder: SpeculativeDecoder, result: GenerationResult,
+             err: Console) -> Comparison:
+    """The run against the target alone; its step cost is measured once, under a spinner."""
+    if result.stats.drafted and needs_measuring(decoder):
+        with spinner(err, "measuring the target's step cost, to compare with (kept for next "
+                     "time)"):
+            return compare_with_target(decoder, result.stats)
+    return compare_with_target(decoder, result.stats)
+
+
+def _json_report(result: GenerationResult, comparison: Comparison, busy: float | None,
+                 settings: RunSettings) -> str:
+    return json.dumps(
+        {
+            "text": result.text,
+            "tokens": result.tokens,
+            "prompt_tokens": result.prompt_tokens,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+            "vs_target_alone": dataclasses.asdict(comparison),
+            "busy": busy,
+            "settings": settings.as_dict(),
+        },
+        ensure_ascii=False,
+    )
 
 
 def check_trace_path(path: str) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import difflib
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ...engine.events import (
     DraftProposed,
-    Finished,
+    Event,
     RoundVerified,
     TargetToken,
     TextFlushed,
@@ -186,34 +186,44 @@ class ChatREPL:
     # ---------------------------------------------------------------- replies
     def answer(self, text: str) -> bool:
         """One reply, rendered; False when a piped run was interrupted (stop there)."""
-        session = self.session
-        plain = TokenPrinter(self.out, color=self.color)
-        printer: TokenPrinter | LiveDrafts = plain
-        if plain.color and (self.show_drafts or self.pace_ms):
-            printer = LiveDrafts(self.out, token_piece(session.decoder), pace_ms=self.pace_ms)
+        printer = self._reply_printer()
         try:
-            events = session.reply(text)
+            events = self.session.reply(text)
         except SpecLlamaError as exc:
             self.error(exc)
             return True
         except KeyboardInterrupt:  # while rendering: nothing has changed yet
             self.err.print(Text("(cancelled)", style="yellow"))
             return self.interactive
-        interrupted = False
-        started = False
         meter = CpuMeter()
         meter.start()
         try:
+            interrupted = self._render(events, printer)
+        except SpecLlamaError as exc:
+            printer.close()
+            self._end_line(printer)
+            self.error(exc)
+            return True
+        printer.close()
+        self._end_line(printer)
+        self._show_outcome(busy=meter.stop(), interrupted=interrupted)
+        return self.interactive or not interrupted
+
+    def _reply_printer(self) -> TokenPrinter | LiveDrafts:
+        plain = TokenPrinter(self.out, color=self.color)
+        if plain.color and (self.show_drafts or self.pace_ms):
+            return LiveDrafts(self.out, token_piece(self.session.decoder), pace_ms=self.pace_ms)
+        return plain
+
+    def _render(self, events: Generator[Event | HistoryTrimmed, None, None],
+                printer: TokenPrinter | LiveDrafts) -> bool:
+        """The reply's events as they come; True when Ctrl-C stopped it. The caches are
+        put back in order (events.close()) on Ctrl-C or an error."""
+        started = False
+        try:
             for event in events:
                 if isinstance(event, HistoryTrimmed):
-                    self.err.print(
-                        f"[yellow]notice:[/yellow] the conversation no longer fits the context "
-                        f"window ({event.n_ctx} tokens): dropped the {event.turns} oldest "
-                        f"{'turn' if event.turns == 1 else 'turns'} ({event.tokens_before} -> "
-                        f"{event.tokens_after} tokens)"
-                        + ("; the system prompt is kept" if session.system else ""),
-                        markup=True,
-                    )
+                    self._notice_trimmed(event)
                 elif isinstance(event, (TokensAccepted, TargetToken, TextFlushed)):
                     if not started:
                         # The first piece often carries the tokenizer's leading space.
@@ -225,23 +235,29 @@ class ChatREPL:
                     printer.show(event)
                 elif isinstance(event, (DraftProposed, RoundVerified)):
                     printer.show(event)
-                elif isinstance(event, Finished):
-                    pass
         except KeyboardInterrupt:
-            interrupted = True
             with _sigint_deferred():
                 events.close()
-        except SpecLlamaError as exc:
-            with _sigint_deferred():
-                events.close()
-            printer.close()
-            self._end_line(printer)
-            self.error(exc)
             return True
-        printer.close()
-        self._end_line(printer)
-        busy = meter.stop()
-        turn = session.last_turn
+        except SpecLlamaError:
+            with _sigint_deferred():
+                events.close()
+            raise
+        return False
+
+    def _notice_trimmed(self, event: HistoryTrimmed) -> None:
+        self.err.print(
+            f"[yellow]notice:[/yellow] the conversation no longer fits the context "
+            f"window ({event.n_ctx} tokens): dropped the {event.turns} oldest "
+            f"{'turn' if event.turns == 1 else 'turns'} ({event.tokens_before} -> "
+            f"{event.tokens_after} tokens)"
+            + ("; the system prompt is kept" if self.session.system else ""),
+            markup=True,
+        )
+
+    def _show_outcome(self, *, busy: float | None, interrupted: bool) -> None:
+        """The reply's stats line, or why there is no reply."""
+        turn = self.session.last_turn
         result = turn.result if turn else None
         if result is not None:
             footer = stats_footer(result.stats, busy=busy)
@@ -257,7 +273,6 @@ class ChatREPL:
         elif interrupted:
             self.err.print(Text("(interrupted before the reply began; message withdrawn)",
                                 style="yellow"))
-        return self.interactive or not interrupted
 
     def _end_line(self, printer: TokenPrinter | LiveDrafts) -> None:
         if printer.printed and not printer.printed.endswith("\n"):
