@@ -5,14 +5,15 @@
 
 The workloads are those of tests/test_policy.py (tests/simulated.py): greedy drafts on
 the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
-confidence tells which drafts match ("c") or says nothing ("n"), 24 texts of 256
-tokens each (the test's 8, and 16 more for less noise). A workload's texts run as calls
-of one decoder (the auto state carries over between them, as in a
-bench). Each cell is auto's speedup with the switch, relative to the full policy's;
-the head rows give the full policy's and the best fixed k's speedup over the target
-alone. Hybrid drafting's numbers (decline_margin, long_match, the lookup priors) do not
-show here: only model drafts are simulated. The same switches reach real runs through
-SPECLLAMA_AUTO_TUNING (bench/README.md).
+confidence tells which drafts match ("c") or says nothing ("n"), two with 3% of decodes
+slowed tenfold by another process ("s") and two whose calibration put T(1) 20% too high
+("m"); 24 texts of 256 tokens each (the test's 8, and 16 more for less noise). A
+workload's texts run as calls of one decoder (the auto state carries over between them,
+as in a bench). Each cell is auto's speedup with the switch, relative to the full
+policy's; the head rows give the full policy's and the best fixed k's speedup over the
+target alone. Hybrid drafting's numbers (decline_margin, long_match, the lookup priors)
+do not show here: only model drafts are simulated. The same switches reach real runs
+through SPECLLAMA_AUTO_TUNING (bench/README.md); bench/ablation_real.py runs them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ SWITCHES = [
     ("no shadow acceptance", "shadow=off"),
     ("no confidence prediction", "confidence_evidence=inf"),
     ("catch-up not priced on resume", "resume_horizon=inf"),
-    ("catch-up prior 0", "catch_up_prior=0"),
     ("no hysteresis (keep_margin = margin)", "keep_margin=0.03"),
     ("no upper bound on probes", "upper_z=inf"),
     ("no plain reference rounds", "reference_every=1000000000"),
@@ -52,27 +52,35 @@ SWITCHES = [
     ("everything carried to the next call", "carry_over=1"),
     ("margin 0", "margin=0"),
 ]
-WORKLOADS = [(alpha, informative) for informative in (True, False)
-             for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)]
+#: (alpha, the draft's confidence tells, the share of decodes another process slows
+#: tenfold, the calibration's T(1) over the loop's): "s", a machine that is not idle;
+#: "m", a calibration that put T(1) 20% too high (taken on a busy machine).
+WORKLOADS = [(alpha, informative, 0.0, 1.0) for informative in (True, False)
+             for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)] + [
+    (0.75, True, 0.03, 1.0), (0.85, True, 0.03, 1.0),
+    (0.65, True, 0.0, 1.2), (0.75, True, 0.0, 1.2)]
 
 
-def calls(texts: list[Text], tuning: AutoTuning) -> float:
+def calls(texts: list[Text], tuning: AutoTuning, spikes: float = 0.0,
+          t1_off: float = 1.0) -> float:
     """Auto's mean speedup over the texts, run as calls of one decoder."""
+    calibrated = [F32_CALIBRATED_MS[0] * t1_off, *F32_CALIBRATED_MS[1:]]
 
     class Decoder:  # what AutoDraftLength.for_decoder reads
-        policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in F32_CALIBRATED_MS)),
+        policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in calibrated)),
                                           F32_CALIBRATED_STEP_MS * 1e-3, tuning=tuning)}
 
-    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, seed=s)
-                           for s, t in enumerate(texts))
+    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, seed=s,
+                                    spikes=spikes) for s, t in enumerate(texts))
 
 
 def main(extra: list[str]) -> None:
     switches = SWITCHES + [tuple(arg.split(":", 1)) for arg in extra]  # type: ignore[misc]
-    texts = {w: texts_for(*w, count=24) for w in WORKLOADS}
-    full = {w: calls(texts[w], AutoTuning()) for w in WORKLOADS}
-    best = {w: max(1.0, *fixed_speedups(texts[w]).values()) for w in WORKLOADS}
-    names = [f"{a:.2f}{'c' if i else 'n'}" for a, i in WORKLOADS]
+    texts = {w: texts_for(w[0], w[1], count=24) for w in WORKLOADS}
+    full = {w: calls(texts[w], AutoTuning(), w[2], w[3]) for w in WORKLOADS}
+    best = {w: max(1.0, *fixed_speedups(texts[w], spikes=w[2]).values()) for w in WORKLOADS}
+    names = [f"{a:.2f}{'c' if i else 'n'}{'s' if s else ''}{'m' if off != 1 else ''}"
+             for a, i, s, off in WORKLOADS]
     print("| switch (AutoTuning) | " + " | ".join(names) + " | worst | best |")
     print("| --- |" + " ---: |" * (len(names) + 2))
     print("| full policy, x target alone | " + " | ".join(f"{full[w]:.3f}" for w in WORKLOADS)
@@ -81,7 +89,7 @@ def main(extra: list[str]) -> None:
           + " | ".join(f"{best[w]:.3f}" for w in WORKLOADS) + " | | |")
     for label, spec in switches:
         tuning = AutoTuning.parse(spec)
-        rel = [calls(texts[w], tuning) / full[w] - 1 for w in WORKLOADS]
+        rel = [calls(texts[w], tuning, w[2], w[3]) / full[w] - 1 for w in WORKLOADS]
         cells = " | ".join(f"{r:+.1%}" for r in rel)
         print(f"| {label} (`{spec}`) | {cells} | {min(rel):+.1%} | {max(rel):+.1%} |",
               flush=True)

@@ -36,12 +36,17 @@ def model_draft(policy, k: int, confidences) -> tuple[int, int]:
     return drafted, rows
 
 
-def simulate(policy, text: Text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0) -> float:
+def simulate(policy, text: Text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0,
+             spikes: float = 0.0) -> float:
     """Greedy generation of len(text) tokens; text[i] = (the draft's token at position i is
     the target's, the draft model's confidence there), what teacher forcing measures; the
-    loop's costs with their noise. Returns the speedup over the target alone."""
+    loop's costs with their noise. `spikes`: the share of decodes another process slows
+    tenfold (a machine that is not idle). Returns the speedup over the target alone."""
     rng = random.Random(seed)
-    ms = lambda x: x * 1e-3 * rng.lognormvariate(0, 0.08)  # noqa: E731
+
+    def ms(x: float) -> float:
+        slow = 10.0 if spikes and rng.random() < spikes else 1.0
+        return x * 1e-3 * rng.lognormvariate(0, 0.08) * slow
     i, behind, total, paused = 0, 0, 0.0, []
     n = len(text)
     while i < n:
@@ -68,7 +73,7 @@ def simulate(policy, text: Text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=
                                     tuple(c for _, c in text[i : i + k]), rows))
         i += m + 1
         total += seconds
-    return n * (loop_ms[0] + 0.4) * 1e-3 / total
+    return n * (loop_ms[0] + 0.4) * 1e-3 * (1 + 9 * spikes) / total
 
 
 def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256) -> list[Text]:
@@ -93,6 +98,6 @@ def auto_speedup(texts: list[Text], tuning: AutoTuning | None = None) -> float:
     return statistics.mean(simulate(f32_auto(tuning), t, seed=s) for s, t in enumerate(texts))
 
 
-def fixed_speedups(texts: list[Text], ks=range(1, 7)) -> dict[int, float]:
-    return {k: statistics.mean(simulate(FixedDraftLength(k), t, seed=s)
+def fixed_speedups(texts: list[Text], ks=range(1, 7), spikes: float = 0.0) -> dict[int, float]:
+    return {k: statistics.mean(simulate(FixedDraftLength(k), t, seed=s, spikes=spikes)
                                for s, t in enumerate(texts)) for k in ks}

@@ -137,13 +137,14 @@ def test_the_prediction_trusts_the_draft_models_confidence_after_enough_evidence
     assert predicted == pytest.approx(by_confidence) and by_confidence > 1.3 * by_position
 
 
-# ----------------------------------------------------------------------------- catch_up_prior
+# ------------------------------------------------------------ an unmeasured catch-up
 
 
-def resumes_after(behind: int, tuning: AutoTuning) -> bool:
+def resumes_after(behind: int, tuning: AutoTuning = DEFAULT, catch_up_s: float = 0.003) -> bool:
     """Paused while the target decoded `behind` tokens alone, does auto resume at a
     gain of 6%, with no catch-up measured yet?"""
-    st = state_for(tuning)
+    st = AutoState(CostCurve(tuple(0.04 * r for r in FLAT_RATIOS)), 0.012, tuning=tuning,
+                   catch_up_s=catch_up_s)
     seen_at(st, 0.0)
     policy = AutoDraftLength(st)
     assert policy.choose("model") == 0
@@ -157,16 +158,16 @@ def resumes_after(behind: int, tuning: AutoTuning) -> bool:
     return policy.choose("model") > 0
 
 
-def test_an_unmeasured_catch_up_is_priced_at_the_prior():
-    """Until a catch-up is measured, each missed token costs catch_up_prior draft steps:
-    40 of them (3 ms each here, 120 ms over 16 rounds) outweigh a 6% gain; priced at
-    nothing, auto would resume."""
-    st = state_for()
-    assert st.loop.catch_up_s(40) == pytest.approx(40 * DEFAULT.catch_up_prior
-                                                   * st.loop.draft_step)
-    assert resumes_after(1, DEFAULT)
-    assert not resumes_after(40, DEFAULT)
-    assert resumes_after(40, AutoTuning(catch_up_prior=0.0))
+def test_an_unmeasured_catch_up_is_priced_at_the_draft_models_calibration():
+    """Until the loop has measured a catch-up, each missed token costs what the draft
+    model's calibration says one more token in a batch costs (T(2) - T(1)): 40 of them
+    (3 ms each here, 120 ms over 16 rounds) outweigh a 6% gain; priced at nothing, or
+    not priced, auto would resume."""
+    draft = CostCurve((0.010, 0.013))
+    assert draft.per_extra_token() == pytest.approx(0.003)
+    assert resumes_after(1)
+    assert not resumes_after(40)
+    assert resumes_after(40, catch_up_s=0.0)
     assert resumes_after(40, AutoTuning(resume_horizon=float("inf")))  # not priced at all
 
 

@@ -82,6 +82,12 @@ class CostCurve:
         slope = max(0.0, s[-1] - s[-2]) if len(s) >= 2 else s[-1]
         return s[-1] + slope * (n - len(s))
 
+    def per_extra_token(self) -> float:
+        """What each token past the first adds to a batch, over the measured range:
+        (T(N) - T(1)) / (N - 1)."""
+        n = self.max_n
+        return (self.t(n) - self.t(1)) / (n - 1) if n > 1 else self.t(1)
+
     def ratio(self, n: int) -> float:
         """T(n) / T(1): how much more a batch of n costs than one token."""
         return self.t(n) / self.seconds[0]

@@ -20,7 +20,9 @@ class LoopCosts:
     """
 
     def __init__(self, curve: CostCurve, draft_step: float,
-                 tuning: AutoTuning | None = None) -> None:
+                 tuning: AutoTuning | None = None, catch_up: float = 0.0) -> None:
+        """catch_up: what one more token in a batch costs the draft model, calibrated
+        (the price of a catch-up per token until the loop has measured one)."""
         self.tuning = tuning = tuning or AutoTuning()
         self.curve = curve
         self.scale = 1.0  # loop / calibration, all batch sizes together
@@ -29,6 +31,7 @@ class LoopCosts:
         self.calibrated_draft_step = draft_step
         self.loop_draft_step: float | None = None  # None until a round drafts two tokens
         self.draft_wake = 0.0
+        self.calibrated_catch_up = catch_up
         self.catch_up: float | None = None  # per token the draft model caught up on
         self.overhead = 0.0
         self.overhead_per_draft = 0.0
@@ -51,7 +54,7 @@ class LoopCosts:
     def catch_up_per_token(self) -> float:
         if self.catch_up is not None:
             return self.catch_up
-        return self.tuning.catch_up_prior * self.draft_step
+        return self.calibrated_catch_up * self.scale
 
     def catch_up_s(self, behind: int) -> float:
         """What the draft model's next draft spends catching up on `behind` tokens it
@@ -82,7 +85,8 @@ class LoopCosts:
                                                                             tune.spike)
         # The first decode of each size is not learnt from (llama.cpp builds a graph of
         # that shape: slower); the next average_first are averaged, then a running mean:
-        # auto drafts 4 only now and then, and a running mean alone stayed low a call long.
+        # one plain reference round corrects a miscalibrated T(1), and auto drafts 4 only
+        # now and then, where a running mean alone stayed low a call long.
         count = self._seen[n] = self._seen.get(n, 0) + 1
         if outcome.target_s > 0 and count > 1:
             seen = self.t(n)

@@ -43,13 +43,16 @@ class AutoState:
         priors: dict[str, float] | None = None,
         calibration: dict[str, Any] | None = None,
         tuning: AutoTuning | None = None,
+        catch_up_s: float = 0.0,
     ) -> None:
+        """catch_up_s: the draft model's calibrated cost of one more token in a batch
+        (see LoopCosts)."""
         self.tuning = t = tuning or AutoTuning()
         priors = {"model": t.prior_model, "lookup": t.prior_lookup,
                   "lookup-long": t.prior_lookup_long, **(priors or {})}
         self.target = target_curve
         self.k_max = max(0, min(t.max_draft, target_curve.max_n - 1))
-        self.loop = LoopCosts(target_curve, draft_step_s, t)
+        self.loop = LoopCosts(target_curve, draft_step_s, t, catch_up_s)
         self.sources = {
             src: SourceState(
                 AcceptanceEstimate.tuned(t, priors[src], max(1, self.k_max)),
@@ -104,12 +107,14 @@ class AutoState:
         tuning = AutoTuning.from_env()  # first: a bad value fails before measuring
         target = calibrate(decoder.target, TARGET_MAX_N, use_cache=not refresh)
         info = {"target": target.to_dict()}
-        draft_step = 0.0
+        draft_step = catch_up = 0.0
         if decoder.draft is not None:
             draft = calibrate(decoder.draft, DRAFT_MAX_N, use_cache=not refresh)
             info["draft"] = draft.to_dict()
             draft_step = draft.curve.t(1)
-        return cls(target.curve, draft_step, calibration=info, tuning=tuning)
+            catch_up = draft.curve.per_extra_token()
+        return cls(target.curve, draft_step, calibration=info, tuning=tuning,
+                   catch_up_s=catch_up)
 
     def source(self, name: str) -> SourceState:
         return self.sources[name if name in self.sources else "model"]

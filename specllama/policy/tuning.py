@@ -35,8 +35,6 @@ class AutoTuning:
     #: Resuming after a pause must pay for the draft model's catch-up too, spread over
     #: this many rounds (inf: the catch-up is not priced).
     resume_horizon: float = 16.0
-    #: What one token of catch-up costs, in draft steps, until a catch-up is measured.
-    catch_up_prior: float = 0.25
     #: Auto verifies at most max_draft + 1 tokens at once (the calibrated range).
     max_draft: int = 15
 
