@@ -89,6 +89,23 @@ def test_generate_leads_with_the_comparison(run, tiny, meter_says):
     assert "busy" not in rows
 
 
+def test_the_draft_length_is_one_line_and_verbose_says_why(run, tiny, meter_says):
+    """auto's note is one plain line; its reasoning (what it weighed, at what costs and
+    acceptance) is there under --verbose (and in --json), not on every run."""
+    meter_says(0.0)
+    args = ("generate", "Hello world", *tiny, "--raw", "--max-tokens", 12, "--temperature",
+            0, "--draft-max", "auto")
+    rows = panel(run(*args).stderr)
+    note = rows.get("draft length") or rows["speculation"]
+    assert "auto: " in note and " | " not in note and "why" not in rows
+    verbose = run(*args, "--verbose")
+    assert verbose.exit_code == 0, verbose.output
+    why = panel(verbose.stderr)["why"]
+    assert re.search(r"(model draft|lookup)[^:]*: .*acceptance", why), why
+    detail = json.loads(run(*args, "--json").stdout)["stats"]["policy_detail"]
+    assert re.search(r"(model draft|lookup)[^:]*: .*acceptance", detail), detail
+
+
 def test_with_drafting_off_the_first_line_says_so_and_why(run, tiny):
     result = run("generate", "Hello world", *tiny, "--raw", "--max-tokens", 5,
                  "--draft-max", 0)

@@ -74,13 +74,15 @@ def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
 @click.option("--system", help="System message for --chat.")
 @click.option("--plain", is_flag=True, help="No colours.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Add to the stats why the draft length was what it was.")
 @view_options
 @click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
               "to open or share) or FILE.json (the per-round records).")
 @run_options
 def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: bool | None,
-             system: str | None, plain: bool, as_json: bool, show_drafts: bool, pace: int,
-             trace: str | None) -> None:
+             system: str | None, plain: bool, as_json: bool, verbose: bool, show_drafts: bool,
+             pace: int, trace: str | None) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
     err = stderr_console(plain=plain)
     if trace:
@@ -92,14 +94,14 @@ def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: b
         seed = secrets.randbits(31) if settings.seed is None else settings.seed
         settings = dataclasses.replace(settings, stop=stop, seed=seed)
         tokens = prompt_tokens(decoder, text, chat, system)
-        _generate(decoder, settings, tokens, err, plain=plain, as_json=as_json,
+        _generate(decoder, settings, tokens, err, plain=plain, as_json=as_json, why=verbose,
                   live=bool(show_drafts or pace), pace=pace, trace=trace)
     finally:
         decoder.close()
 
 
 def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
-              err: Console, *, plain: bool, as_json: bool, live: bool, pace: int,
+              err: Console, *, plain: bool, as_json: bool, why: bool, live: bool, pace: int,
               trace: str | None) -> None:
     printer = None if as_json else _text_printer(decoder, plain=plain, live=live, pace=pace)
     recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if trace else None
@@ -126,7 +128,7 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         click.echo(_json_report(result, comparison, busy, settings))
     elif printer is not None:
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
-                              comparison=comparison, busy=busy))
+                              comparison=comparison, busy=busy, why=why))
     if recorder is not None and trace:
         recorder.finish(result)
         kind = recorder.save(trace)

@@ -89,9 +89,10 @@ def _fmt_s(seconds: float) -> str:
 
 
 def stats_table(stats: Stats, *, title: str = "specllama", comparison: Comparison | None = None,
-                busy: float | None = None) -> Table:
+                busy: float | None = None, why: bool = False) -> Table:
     """The stats panel. It leads with how the run compares with the target alone
-    (`comparison`) and, when other processes took much of the CPU (`busy`), says so."""
+    (`comparison`) and, when other processes took much of the CPU (`busy`), says so;
+    `why` adds the draft-length policy's reasoning (--verbose, /stats)."""
     table = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left")
     table.add_column(style="dim")
     table.add_column()
@@ -117,6 +118,8 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
                   f"draft {stats.draft_s / g:.0%}, overhead {stats.overhead_share:.1%}")
     if stats.policy_note and not off:  # when off, the first line gave the note
         table.add_row("draft length", f"mean {stats.mean_draft_length:.2f}; {stats.policy_note}")
+    if why and stats.policy_detail:
+        table.add_row("why", stats.policy_detail)
     table.add_row("target on", stats.target_at)
     return table
 

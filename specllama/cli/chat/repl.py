@@ -327,7 +327,7 @@ class ChatREPL:
         self.err.print(Text("new conversation", style="dim"))
 
     def cmd_stats(self, arg: str) -> None:
-        self.show_totals(title_prefix="session")
+        self.show_totals(title_prefix="session", why=True)
         s = self.session
         self.err.print(
             Text(
@@ -390,13 +390,13 @@ class ChatREPL:
         report = self.session.cache_report()
         self.err.print(" ".join(f"{k}={v}" for k, v in report.as_dict().items()))
 
-    def show_totals(self, title_prefix: str = "session") -> None:
+    def show_totals(self, title_prefix: str = "session", why: bool = False) -> None:
         s = self.session
         if not s.replies:
             return
         self.err.print(
             stats_table(s.totals, title=f"{title_prefix}: {_plural(s.replies, 'reply', 'replies')}",
-                        comparison=compare_with_target(s.decoder, s.totals))
+                        comparison=compare_with_target(s.decoder, s.totals), why=why)
         )
 
 

@@ -347,6 +347,7 @@ class ChatSession:
         self.committed = list(tokens) + generated
         self.totals.merge(result.stats)
         self.totals.policy_note = result.stats.policy_note  # /stats shows the latest
+        self.totals.policy_detail = result.stats.policy_detail
         self.replies += 1
 
     # -------------------------------------------------------------- commands
