@@ -189,11 +189,10 @@ class Settings:
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)
     # None: chosen by the pair (hybrid with a draft model, lookup without).
-    draft_mode: DraftMode | None = _row(None, str, "Who drafts: the draft model, prompt lookup, or "
-                                  "both (default: hybrid, lookup where the text repeats "
-                                  "itself and the draft model elsewhere; lookup when there "
-                                  "is no draft model).", _check_draft_mode, in_file=False,
-                                  words=DRAFT_MODES)
+    draft_mode: DraftMode | None = _row(
+        None, str, "Who drafts: the draft model, prompt lookup, or both (default: hybrid, "
+        "lookup where the text repeats itself and the draft model elsewhere; lookup when "
+        "there is no draft model).", _check_draft_mode, in_file=False, words=DRAFT_MODES)
     temperature: float = _row(0.8, float, "0 = greedy.", _float_in(0.0, None),
                               aliases=("--temp",))
     top_k: int = _row(0, int, "Keep the k most likely tokens (0 = off).", _int_at_least(0))
