@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-TOOLS = ("llama-speculative-simple", "llama-bench")
+TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server")
 SPEC_MODES = "target,1,2,3,auto"
 FIXED_MODES = ("k=1", "k=2", "k=3")
 # Matches `specllama bench` itself; `python -m specllama` has no __main__.

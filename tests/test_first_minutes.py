@@ -1,6 +1,7 @@
 """Issue #13: what a new user meets in the first ten minutes: speed figures compared
 with the target alone, a busy machine, and the rough edges of the CLI."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -72,6 +73,20 @@ def test_a_busy_run_is_not_blamed_on_speculation():
     # so the target alone would have been slowed as much.
     busy = versus_target(_stats(generate_s=2.2, target_s=2.0), CURVE)
     assert busy.alone_tok_s == pytest.approx(50.0) and busy.speedup == pytest.approx(2.0 / 2.2)
+
+
+def test_the_tools_own_cost_per_token_is_not_blamed_on_speculation():
+    """99 plain rounds and one drafted (accepted) token: the target alone would have paid
+    the same per-token cost outside llama.cpp (1 ms a round here) and the same time
+    printing (90 ms), so this run made no difference rather than losing 16%."""
+    stats = Stats(tokens=101, target_steps=100, drafted=1, accepted=1,
+                  draft_lengths={0: 99, 1: 1}, target_s=99 * 0.010 + 0.015, draft_s=0.005,
+                  rounds_s=1.11, plain_rounds=99, plain_own_s=0.099, generate_s=1.2)
+    c = versus_target(stats, CURVE)
+    assert c.verdict == "even" and c.speedup == pytest.approx(101 * 0.011 / 1.2 + 0.09 / 1.2)
+    # Without a single plain round its cost is unknown, and counted as none.
+    drafted_only = dataclasses.replace(stats, plain_rounds=0, plain_own_s=0.0)
+    assert versus_target(drafted_only, CURVE).speedup == pytest.approx((1.01 + 0.09) / 1.2)
 
 
 def test_generate_leads_with_the_comparison(run, tiny, meter_says):

@@ -3,6 +3,7 @@ models, the official `openai` client, httpx and a raw socket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -616,3 +617,63 @@ def test_the_default_pair_answers_as_generate_does(smollm2_path, tmp_path):
     assert reply.choices[0].message.content == json.loads(result.stdout)["text"]
     figures = reply.model_extra["speculative"]
     assert figures["drafted"] > 0 and figures["tokens_per_step"] > 1
+
+
+def _hand_over(stream: bool, n: int = 3000) -> tuple[list[list], int]:
+    """A worker thread puts n text events (each followed by a round's verdict, which no
+    request reads), then the end; returns the batches the event loop got and how often
+    it was woken."""
+    from specllama import Finished, GenerationResult, RoundVerified, Stats, TextFlushed
+    from specllama.server.worker import _END, Job
+
+    verdict = RoundVerified(drafted=(), accepted=0, token=1, kind="plain", emitted=1, p=(),
+                            q=(), source="model", draft_s=0.0, target_s=0.0, seconds=0.0)
+    result = GenerationResult([1] * n, "x" * n, "length", Stats(), 3)
+
+    async def main() -> tuple[list[list], int]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        plain = loop.call_soon_threadsafe
+
+        def counting(*args):
+            nonlocal wakeups
+            wakeups += 1
+            return plain(*args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        job = Job(None, loop, "test", stream)  # type: ignore[arg-type]
+
+        def worker() -> None:
+            for i in range(n):
+                job.put(TextFlushed(f"{i},"))
+                job.put(verdict)
+            job.put(Finished(result))
+            job.put(_END)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        batches = [batch async for batch in job.batches()]
+        thread.join()
+        return batches, wakeups
+
+    return asyncio.run(main())
+
+
+def test_a_stream_gets_every_piece_of_text_in_order_and_wakes_the_loop_per_batch():
+    from specllama import Finished, TextFlushed
+
+    batches, wakeups = _hand_over(stream=True)
+    items = [item for batch in batches for item in batch]
+    assert isinstance(items[-1], Finished)
+    assert all(isinstance(i, TextFlushed) for i in items[:-1])  # no verdicts crossed over
+    assert "".join(i.text for i in items[:-1]) == "".join(f"{i}," for i in range(3000))
+    # Every batch took a wake-up, and no piece of text took more than one.
+    assert len(batches) <= wakeups <= len(items) + 1
+
+
+def test_a_non_streaming_request_is_handed_only_its_end():
+    from specllama import Finished
+
+    batches, wakeups = _hand_over(stream=False)
+    assert [[type(i) for i in b] for b in batches] == [[Finished]]
+    assert wakeups <= 2  # the end, and the end of the job

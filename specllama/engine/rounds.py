@@ -249,14 +249,18 @@ class Generation:
 
     def _learn(self, draft: Draft, seen: Verified, done: Committed, clock: Clock) -> None:
         k, m = len(draft.tokens), seen.verdict.accepted
-        self.stats.record_round(k, m, len(done.tokens))
+        seconds = time.perf_counter() - clock.wall
+        target_s = self.target.decode_s - clock.target_s
+        draft_s = self._draft_s() - clock.draft_s
+        self.stats.record_round(k, m, len(done.tokens), seconds=seconds,
+                                own_s=seconds - target_s - draft_s)
         self.policy.observe(RoundOutcome(
             k=k,
             accepted=m,
             source=draft.source,
-            target_s=self.target.decode_s - clock.target_s,
-            draft_s=self._draft_s() - clock.draft_s,
-            seconds=time.perf_counter() - clock.wall,
+            target_s=target_s,
+            draft_s=draft_s,
+            seconds=seconds,
             shadow=tuple(draft.shadow),
             draft_steps_s=draft.steps_s,
             draft_behind=self._draft_behind(),

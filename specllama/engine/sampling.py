@@ -132,9 +132,16 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     vocabulary costs one vectorised sum instead of a full cumulative sum; the draw
     is the same inverse CDF.
     """
+    return _draw(probs, rng)[0]
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
+    """`sample`, and the total of `probs` it summed on the way (one pass fewer for a
+    caller that normalises)."""
     n = probs.shape[0]
     if n <= 4 * _BLOCK:
-        return _invert(probs, rng.random() * float(np.add.reduce(probs, dtype=np.float64)))
+        total = float(np.add.reduce(probs, dtype=np.float64))
+        return _invert(probs, rng.random() * total), total
     full = n - n % _BLOCK
     # Block sums in the input's precision (256 terms, pairwise: ~1e-7 relative),
     # accumulated in float64; every numpy call counts right after a decode.
@@ -144,12 +151,12 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     tail = float(np.add.reduce(probs[full:], dtype=np.float64)) if full < n else 0.0
     u = rng.random() * (head + tail)
     if u >= head and tail > 0.0:  # the last, partial block
-        return full + _invert(probs[full:], u - head)
+        return full + _invert(probs[full:], u - head), head + tail
     b = int(min(np.searchsorted(block_cdf, u, side="right"), block_cdf.shape[0] - 1))
     while block_mass[b] <= 0.0:  # u landed on a rounding edge next to an empty block
         b -= 1
     u -= block_cdf[b] - block_mass[b]
-    return b * _BLOCK + _invert(probs[b * _BLOCK : (b + 1) * _BLOCK], u)
+    return b * _BLOCK + _invert(probs[b * _BLOCK : (b + 1) * _BLOCK], u), head + tail
 
 
 def _invert(probs: np.ndarray, u: float) -> int:
@@ -183,8 +190,8 @@ def sample_logits_and_p(
         token = sample(probs, rng)
         return token, float(probs[token])
     weights = _exp_shifted(_scaled(logits, params.temperature))
-    token = sample(weights, rng)
-    return token, float(weights[token]) / float(np.add.reduce(weights, dtype=np.float64))
+    token, total = _draw(weights, rng)
+    return token, float(weights[token]) / total
 
 
 def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:

@@ -21,6 +21,9 @@ class Stats:
     draft_lengths: dict[int, int] = field(default_factory=dict)  # k -> rounds that used it
     prompt_s: float = 0.0  # wall time evaluating the prompt
     generate_s: float = 0.0  # wall time of the generation rounds
+    rounds_s: float = 0.0  # of which inside the rounds (the rest: the caller's, printing)
+    plain_rounds: int = 0  # rounds without a draft: what the target alone does too,
+    plain_own_s: float = 0.0  # and their time outside llama.cpp's decodes
     draft_s: float = 0.0  # inside the draft model's llama_decode during generation
     target_s: float = 0.0  # inside the target's llama_decode during generation
     policy_note: str = ""  # why the draft length was what it was, for the user: one line
@@ -31,8 +34,15 @@ class Stats:
     predicted_speedup: float | None = None
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
-    def record_round(self, k: int, m: int, emitted: int) -> None:
+    def record_round(self, k: int, m: int, emitted: int, *, seconds: float = 0.0,
+                     own_s: float = 0.0) -> None:
+        """A round that drafted k tokens, m of them accepted, and put `emitted` into the
+        output; it took `seconds`, `own_s` of them outside llama.cpp's decodes."""
         self.target_steps += 1
+        self.rounds_s += seconds
+        if k == 0:
+            self.plain_rounds += 1
+            self.plain_own_s += own_s
         self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
         self.drafted += k
         self.accepted += m
@@ -100,7 +110,8 @@ class Stats:
     def merge(self, other: Stats) -> None:
         """Add another generation's counts (session totals in the REPL)."""
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
-                     "accepted", "prompt_s", "generate_s", "draft_s", "target_s"):
+                     "accepted", "prompt_s", "generate_s", "draft_s", "target_s",
+                     "rounds_s", "plain_rounds", "plain_own_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.target_at = other.target_at
         self._grow(len(other.drafted_at))

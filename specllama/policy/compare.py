@@ -45,12 +45,17 @@ def versus_target(stats: Stats, curve: CostCurve) -> Comparison:
     The calibration gives T(1), one target step, and T(k+1), one verification; the
     run's own target time against what the calibration predicts for its rounds is how
     much slower the machine was than when it was measured (a busy spell), and the
-    estimate is scaled by that, so a busy run is not blamed on speculation."""
+    estimate is scaled by that, so a busy run is not blamed on speculation. The target
+    alone would also pay, per token, what this run's plain rounds paid outside
+    llama.cpp (sampling, bookkeeping) and the time spent outside the rounds (printing):
+    speculation is credited or blamed only for what it changed."""
     if stats.drafted == 0 or stats.tokens == 0 or stats.generate_s <= 0:
         return Comparison("off")
     predicted = sum(rounds * curve.t(k + 1) for k, rounds in stats.draft_lengths.items())
     slowdown = stats.target_s / predicted if predicted > 0 and stats.target_s > 0 else 1.0
-    alone_s = stats.tokens * curve.t(1) * slowdown
+    own = stats.plain_own_s / stats.plain_rounds if stats.plain_rounds else 0.0
+    outside = max(0.0, stats.generate_s - stats.rounds_s) if stats.rounds_s > 0 else 0.0
+    alone_s = stats.tokens * (curve.t(1) * slowdown + own) + outside
     speedup = alone_s / stats.generate_s
     verdict: Verdict = "helped" if speedup >= 1 + EVEN else ("hurt" if speedup <= 1 - EVEN
                                                             else "even")

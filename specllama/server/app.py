@@ -26,14 +26,11 @@ from .. import (
     Finished,
     InvalidParameterError,
     SpecLlamaError,
-    TargetToken,
-    TextFlushed,
-    TokensAccepted,
 )
 from .prompts import Defaults, Work, build_work
 from .responses import Chunks, completion, figures, new_id
 from .schema import APIError, ChatRequest, CompletionRequest, parse
-from .worker import Failure, Job, QueueFull, ShuttingDown, Worker
+from .worker import TEXT_EVENTS, Failure, Job, QueueFull, ShuttingDown, Worker
 
 MAX_BODY = 4 * 2**20
 # Seconds a request in progress may take to finish once the server is told to stop.
@@ -180,7 +177,7 @@ class _API:
         )
         rid = new_id(work.kind)
         try:
-            job = self.worker.submit(work, f"{request.url.path} {rid}")
+            job = self.worker.submit(work, f"{request.url.path} {rid}", req.stream)
         except QueueFull as exc:
             raise APIError(
                 503,
@@ -213,11 +210,12 @@ class _API:
         watcher.add_done_callback(lambda _: job.cancel())
         result = None
         try:
-            async for item in job.items():
-                if isinstance(item, Failure):
-                    raise _failure(item.error)
-                if isinstance(item, Finished):
-                    result = item.result
+            async for batch in job.batches():
+                for item in batch:
+                    if isinstance(item, Failure):
+                        raise _failure(item.error)
+                    if isinstance(item, Finished):
+                        result = item.result
         finally:
             watcher.cancel()
         if result is None:
@@ -235,15 +233,17 @@ class _API:
             first = chunks.start()
             if first is not None:
                 yield _sse(first)
-            async for item in job.items():
-                if isinstance(item, Failure):  # after the 200: an error event, then the end
-                    yield _sse(_failure(item.error).body())
+            async for batch in job.batches():
+                # Text that arrived together goes out as one chunk.
+                text = "".join(i.text for i in batch if isinstance(i, TEXT_EVENTS))
+                if text:
+                    yield _sse(chunks.text(text))
+                end = batch[-1]
+                if isinstance(end, Failure):  # after the 200: an error event, then the end
+                    yield _sse(_failure(end.error).body())
                     break
-                if isinstance(item, (TokensAccepted, TargetToken, TextFlushed)):
-                    if item.text:
-                        yield _sse(chunks.text(item.text))
-                elif isinstance(item, Finished):
-                    for chunk in chunks.end(item.result, self._figures(job, item.result)):
+                if isinstance(end, Finished):
+                    for chunk in chunks.end(end.result, self._figures(job, end.result)):
                         yield _sse(chunk)
             yield {"data": "[DONE]"}
         finally:

@@ -62,6 +62,8 @@ def figures(
         "queue_s": round(queue_s, 4),
         "prompt_s": round(s.prompt_s, 4),
         "generate_s": round(s.generate_s, 4),
+        # The share of generate_s outside llama.cpp's decodes: specllama's own cost.
+        "overhead_share": round(s.overhead_share, 4),
     }
 
 

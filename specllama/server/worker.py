@@ -1,12 +1,15 @@
 """One decoder, many clients: a single worker thread serves jobs from a bounded FIFO queue.
 
 The engine's `stream()` is a blocking generator, so it runs here, never on the event
-loop; its events go to the waiting request through an asyncio queue fed with
-`call_soon_threadsafe`. A job cancelled (client gone, server stopping) closes its
-generator at the next event, between rounds: the engine then puts both KV caches back
-to a prefix of what was committed, so the next request is served correctly. Every
-generation keeps its cache (`keep_cache=True`): a request that resends the conversation
-so far is evaluated only from where it differs from the previous one.
+loop. Only the events a request reads cross over (a non-streaming one: only the end),
+and the event loop is woken at most once for however many are waiting: every wake-up
+is a thread taking a core from llama.cpp's, whose threads wait for each other at every
+step (docs/performance.md, "specllama serve beside llama-server"). A job cancelled
+(client gone, server stopping) closes its generator at the next event, between rounds:
+the engine then puts both KV caches back to a prefix of what was committed, so the next
+request is served correctly. Every generation keeps its cache (`keep_cache=True`): a
+request that resends the conversation so far is evaluated only from where it differs
+from the previous one.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import Event, Finished, SpeculativeDecoder, Stats
+from .. import Event, Finished, SpeculativeDecoder, Stats, TargetToken, TextFlushed, TokensAccepted
 from ..engine.kvreport import cache_report
 from .prompts import Work
 
@@ -47,14 +51,24 @@ class Failure:
 _END = object()
 
 
-class Job:
-    """One request's generation, seen from both sides."""
+#: The events that carry text: what a stream sends on.
+TEXT_EVENTS = (TokensAccepted, TargetToken, TextFlushed)
 
-    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, label: str) -> None:
+
+class Job:
+    """One request's generation, seen from both sides. `stream`: the request reads the
+    text as it comes; otherwise only the end (Finished or a Failure) is handed over."""
+
+    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, label: str,
+                 stream: bool = True) -> None:
         self.work = work
         self.label = label
         self._loop = loop
-        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if stream else ()))
+        self._pending: deque[Any] = deque()
+        self._ready = asyncio.Event()  # set on the event loop only
+        self._lock = threading.Lock()
+        self._woken = False  # a wake-up is on its way to the event loop
         self._cancelled = threading.Event()
         self.submitted = time.perf_counter()
         self.queue_s = 0.0
@@ -68,18 +82,36 @@ class Job:
         return self._cancelled.is_set()
 
     def put(self, item: Any) -> None:  # worker thread
+        """Hand an event (if the request reads it), a Failure or the end over."""
+        if item is not _END and not isinstance(item, (Failure, *self._wanted)):
+            return
+        self._pending.append(item)
+        with self._lock:
+            if self._woken:
+                return
+            self._woken = True
         try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the event loop is gone: nobody is listening any more
             pass
 
-    async def items(self) -> AsyncIterator[Event | Failure]:
-        """The job's events, then the end."""
+    async def batches(self) -> AsyncIterator[list[Event | Failure]]:
+        """What the worker handed over since the last batch, in order, until the end."""
         while True:
-            item = await self._items.get()
-            if item is _END:
-                return
-            yield item
+            await self._ready.wait()
+            self._ready.clear()
+            with self._lock:
+                self._woken = False  # before draining: a later put() wakes us again
+            batch: list[Event | Failure] = []
+            while self._pending:
+                item = self._pending.popleft()
+                if item is _END:
+                    if batch:
+                        yield batch
+                    return
+                batch.append(item)
+            if batch:
+                yield batch
 
 
 @dataclass
@@ -141,8 +173,8 @@ class Worker:
     def busy(self) -> bool:
         return self._current is not None
 
-    def submit(self, work: Work, label: str) -> Job:
-        job = Job(work, asyncio.get_running_loop(), label)
+    def submit(self, work: Work, label: str, stream: bool = True) -> Job:
+        job = Job(work, asyncio.get_running_loop(), label, stream)
         with self._lock:
             if self._closing:
                 self.totals.rejected += 1
