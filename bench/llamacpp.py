@@ -275,8 +275,9 @@ def print_table(s: dict[str, Any]) -> None:
               f"{r['auto_vs_llamacpp_spec']:.2f}x |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pair, the llama.cpp sources, the prompts and temperatures: what both
+    side-by-side scripts (this one and llamaserver.py) take."""
     parser.add_argument("--pair", default="smollm2-f32", help="pair from models.toml")
     parser.add_argument("--config", help="models.toml to use")
     parser.add_argument("--target", help="target GGUF (with --draft, instead of --pair)")
@@ -285,6 +286,11 @@ def main() -> None:
     parser.add_argument("--prompts", help="prompts file as for specllama bench (default: built-in)")
     parser.add_argument("--prompt-ids", help="only these prompts (comma-separated ids)")
     parser.add_argument("--temperatures", default="0,0.8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(parser)
     # llama-speculative-simple drafts with the model only; specllama's default (hybrid)
     # also copies from the context, so the like-for-like comparison is "model".
     parser.add_argument("--draft-mode", default="model", choices=("model", "hybrid"),

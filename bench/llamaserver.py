@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp import SPECLLAMA, build_tools, resolve_models  # noqa: E402
+from llamacpp import SPECLLAMA, add_common_arguments, build_tools, resolve_models  # noqa: E402
 
 BASELINE = "llama-server"
 
@@ -311,14 +311,7 @@ def print_table(temp: float, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pair", default="smollm2-f32", help="pair from models.toml")
-    parser.add_argument("--config", help="models.toml to use")
-    parser.add_argument("--target", help="target GGUF (with --draft, instead of --pair)")
-    parser.add_argument("--draft", help="draft GGUF (with --target)")
-    parser.add_argument("--sdist", type=Path, help="local llama-cpp-python sdist (.tar.gz)")
-    parser.add_argument("--prompts", help="prompts file as for specllama bench (default: built-in)")
-    parser.add_argument("--prompt-ids", help="only these prompts (comma-separated ids)")
-    parser.add_argument("--temperatures", default="0,0.8")
+    add_common_arguments(parser)
     parser.add_argument("--n-max", default="2,3,4", help="llama-server --spec-draft-n-max sweep")
     parser.add_argument("--n-min", default="0", help="llama-server --spec-draft-n-min sweep")
     parser.add_argument("--p-min", default="0,0.75", help="llama-server --spec-draft-p-min sweep")
