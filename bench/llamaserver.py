@@ -2,12 +2,13 @@
 
 Both servers run the same llama.cpp: `llama-server` is built from `vendor/llama.cpp` of
 the installed llama-cpp-python's sdist (bench/llamacpp.py builds it once into the user
-cache). One server at a time, never two model processes at once. Each repetition starts
-every contender in turn (the order rotated each repetition), sends one untimed warm-up
-request, then every prompt at every temperature as a chat completion with the same
-seed, max_tokens and sampling (top-k, top-p and min-p off on both sides, so T = 0.8 is
-the same distribution), and times each request at the client, from the POST to the
-last byte. Figures: tokens per second of each request (completion tokens over that
+cache). Every server is up at once (an idle one uses no CPU; never two requests at
+once) and answers one untimed warm-up request; then every prompt at every temperature
+goes to each server in turn as a chat completion with the same seed, max_tokens and
+sampling (top-k, top-p and min-p off on both sides, so T = 0.8 is the same
+distribution), timed at the client from the POST to the last byte. Each prompt carries
+a tag naming its repetition and temperature, so no server has seen it before (see
+`fresh`). Figures: tokens per second of each request (completion tokens over that
 time), their geometric mean over the prompts per repetition, then min/median/max over
 repetitions; ratios are taken within a repetition. Each server's own draft/accept
 counts come from its response (`timings` for llama-server, `speculative` for ours).
@@ -190,6 +191,14 @@ def body(model: str, prompt: str, temp: float, seed: int, max_tokens: int,
     return b
 
 
+def fresh(prompt: str, rep: int, temp: float) -> str:
+    """The prompt as no server has seen it: llama-server keeps earlier prompts' KV in RAM
+    (`--cache-ram`, 8 GiB by default) and would evaluate a repeated one for free from the
+    second repetition on, ours only reuses the previous request's prefix. A tag in front
+    leaves both only the chat template's preamble to reuse, as for a new request."""
+    return f"(request {rep + 1}-{temp:g})\n{prompt}"
+
+
 def record(c: Contender, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
     usage = answer.get("usage") or {}
     n = int(usage.get("completion_tokens", 0))
@@ -233,8 +242,9 @@ def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -
                         server = servers[c.name]
                         status, answer, seconds = request(
                             server.port, "/v1/chat/completions",
-                            body(server.model, p.prompt, temp, seed, args.max_tokens,
-                                 args.stream), args.timeout, stream=args.stream)
+                            body(server.model, fresh(p.prompt, rep, temp), temp, seed,
+                                 args.max_tokens, args.stream),
+                            args.timeout, stream=args.stream)
                         if status != 200:
                             sys.exit(f"{c.name}: {p.id} answered {status}: {answer}")
                         r = record(c, answer, seconds)
