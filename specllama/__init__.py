@@ -3,12 +3,14 @@
     from specllama import SpeculativeDecoder, SamplingParams
     dec = SpeculativeDecoder.load(target="t.gguf", draft="d.gguf", n_ctx=2048)
     res = dec.generate("Hello", max_tokens=64, sampling=SamplingParams(seed=1), draft_max=4)
+    res = dec.generate("A user as JSON:", constraint=ConstraintSpec.json_schema(schema))
 
 The layers (docs/architecture.md): engine/ (llama.cpp, sampling, the round loop),
 policy/ (draft lengths), models/ (models.toml, model sources), cli/.
 """
 
 from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic")
+from .engine.constraint import ConstraintSpec
 from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from .engine.events import (
     DraftProposed,
@@ -24,6 +26,7 @@ from .engine.sampling import SamplingParams
 from .engine.stats import Stats
 from .errors import (
     ConfigError,
+    ConstraintError,
     ContextOverflowError,
     DraftDerivationError,
     IncompatiblePairError,
@@ -36,6 +39,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "ConstraintError",
+    "ConstraintSpec",
     "ContextOverflowError",
     "DraftDerivationError",
     "DraftProposed",

@@ -50,3 +50,7 @@ class KVCacheError(SpecLlamaError):
     Not a user mistake; reported in one line all the same."""
 
     exit_code = 1
+
+
+class ConstraintError(SpecLlamaError):
+    """A JSON schema, grammar or regex is malformed, unreadable or unsupported."""

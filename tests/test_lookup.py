@@ -211,7 +211,7 @@ class FakeModelDraft:
         self.proposed = 0
         self.settled = 0
 
-    def propose(self, committed, choose_k, params, rng, extend=None):
+    def propose(self, committed, choose_k, params, rng, extend=None, constraint=None):
         k = choose_k("model", 0)
         self.proposed += 1
         return Draft([42] * k, [None] * k, "model")

@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from ..engine.constraint import ConstraintSpec
 from ..engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from ..engine.events import Finished
-from ..errors import InvalidParameterError
+from ..errors import ConstraintError, InvalidParameterError
 from ..policy.compare import Comparison, compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
 from .liveview import LiveDrafts
@@ -103,7 +104,12 @@ def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: b
 def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
               err: Console, *, plain: bool, as_json: bool, why: bool, live: bool, pace: int,
               trace: str | None) -> None:
-    printer = None if as_json else _text_printer(decoder, plain=plain, live=live, pace=pace)
+    constraint = settings.constraint
+    # Constrained output going to a file or a pipe is written whole or not at all: a
+    # program reading it never gets half a JSON document.
+    hold = constraint is not None and not sys.stdout.isatty()
+    printer = None if as_json or hold else \
+        _text_printer(decoder, plain=plain, live=live, pace=pace)
     recorder = TraceRecorder(token_piece(decoder), settings.as_dict()) if trace else None
     stream = decoder.stream(
         tokens,
@@ -112,6 +118,7 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         draft_max=settings.draft_max,
         draft_mode=settings.draft_mode,
         stop=settings.stop,
+        constraint=constraint,
     )
     meter = CpuMeter()  # how much of the CPU others took: the figures' reliability
     meter.start()
@@ -123,10 +130,14 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         sys.exit(EXIT_INTERRUPTED)
     if printer is not None:  # end the text's line before anything goes to the terminal
         _end_line(printer)
+    if constraint is not None and not result.constraint_met and not interrupted:
+        _unmet(constraint, result, decoder.n_ctx, err)
+    if hold and not as_json:
+        click.echo(result.text)
     comparison = _compare(decoder, result, err)
     if as_json:
         click.echo(_json_report(result, comparison, busy, settings))
-    elif printer is not None:
+    else:
         err.print(stats_table(result.stats, title=f"finish: {result.finish_reason}",
                               comparison=comparison, busy=busy, why=why))
     if recorder is not None and trace:
@@ -135,6 +146,20 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         err.print(f"trace ({kind}) written to {trace}", style="dim", markup=False)
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _unmet(constraint: ConstraintSpec, result: GenerationResult, n_ctx: int,
+           err: Console) -> None:
+    """The output stopped before the constraint was complete: an error where the context
+    window was too small for it, a warning where --max-tokens or a stop string cut it."""
+    what = constraint.describe()
+    if result.finish_reason == "context":
+        raise ConstraintError(
+            f"the context window ({n_ctx} tokens) filled before the output completed the "
+            f"{what} ({len(result.tokens)} tokens generated); raise --n-ctx or shorten the prompt")
+    err.print(f"warning: the output is not complete by the {what}: "
+              f"{'--max-tokens' if result.finish_reason == 'length' else 'a stop string'} "
+              "cut it", style="yellow", markup=False)
 
 
 def _text_printer(decoder: SpeculativeDecoder, *, plain: bool, live: bool,

@@ -60,6 +60,8 @@ def setting_option(name: str) -> Callable[[F], F]:
     kind: Any = s.type
     if s.type is tuple:
         return click.option(s.flag, name, metavar="HOST:PORT", multiple=True, help=s.help)
+    if s.metavar:
+        return click.option(s.flag, *s.aliases, name, metavar=s.metavar, help=s.help)
     if name == "draft_max":
         kind = DraftMaxType()
     elif s.type is str:
@@ -241,6 +243,9 @@ def open_decoder(run: RunOptions, console: Console) -> tuple[SpeculativeDecoder,
     merged = resolve_settings(run, choice.pair)
     draft_mode = merged.draft_mode or (DEFAULT_DRAFT_MODE if choice.draft else "lookup")
     check_draft_mode(draft_mode, has_draft_model=choice.draft is not None)
+    constraint = merged.constraint  # a bad schema, grammar or regex fails before loading
+    if constraint is not None:
+        constraint.grammar()
     # --rpc replaces the pair's own servers (models.toml: target = { ..., rpc = [...] })
     rpc = merged.rpc or (choice.pair.target_rpc if choice.pair else ())
     names = choice.target.name + (f" + {choice.draft.name}" if choice.draft else "")

@@ -108,8 +108,12 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
         by_pos = " ".join(f"{a:.0%}" for a in stats.acceptance_by_position[:8])
         table.add_row("drafts", f"{stats.accepted}/{stats.drafted} accepted "
                       f"({stats.acceptance_rate:.1%}); by position {by_pos}")
-    else:
+    elif not stats.forced:
         table.add_row("drafts", "none (target alone)")
+    if stats.forced or stats.mask_s:
+        share = stats.mask_s / (stats.generate_s or 1.0)
+        table.add_row("constraint", f"{stats.forced_accepted}/{stats.forced} forced tokens "
+                      f"accepted (drafted free); token masks {share:.1%} of the time")
     table.add_row("speed", f"{stats.tokens_per_s:.1f} tok/s generating; prompt "
                   f"{stats.prompt_tokens} tokens in {_fmt_s(stats.prompt_s)}"
                   + (f" ({stats.prompt_reused} reused)" if stats.prompt_reused else ""))

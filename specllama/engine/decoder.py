@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import ContextOverflowError, InvalidParameterError
 from .compat import check_compatible, check_rewindable
+from .constraint import Constraint, ConstraintSpec
 from .drafts import DEFAULT_DRAFT_MODE, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
 from .events import GenerationResult
 from .lengths import DraftMax, make_policy
@@ -139,11 +140,14 @@ class SpeculativeDecoder:
         stop: Sequence[str] = (),
         keep_cache: bool = False,
         draft_mode: DraftMode | None = None,
+        constraint: ConstraintSpec | None = None,
+        logprobs: int | None = None,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
-                             draft_mode=draft_mode)
+                             draft_mode=draft_mode, constraint=constraint,
+                             logprobs=logprobs)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -159,6 +163,8 @@ class SpeculativeDecoder:
         stop: Sequence[str] = (),
         keep_cache: bool = False,
         draft_mode: DraftMode | None = None,
+        constraint: ConstraintSpec | None = None,
+        logprobs: int | None = None,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -168,10 +174,18 @@ class SpeculativeDecoder:
         keep_cache=True reuses whatever prefix of `prompt` the caches already
         hold (the chat REPL); otherwise every call starts clean. draft_mode:
         "model", "lookup" or "hybrid" (see make_strategy); None means
-        `self.default_draft_mode`. Bad arguments raise here, before generating.
+        `self.default_draft_mode`. constraint: a JSON schema, grammar or regex the
+        output follows (the target's distribution masked to what it allows; see
+        engine/constraint.py); unless draft_max is 0, the tokens it forces are drafted
+        for free. logprobs: n keeps each token's log-probability under the target and
+        its n likeliest alternatives in `result.logprobs` (0-20). Bad arguments raise
+        here, before generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
+            raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
+                                        f"not {logprobs!r}")
         mode = draft_mode or self.default_draft_mode
         target_p: dict[int, float] = {}  # filled by the round loop, read by ModelDraft
         strategy = make_strategy(mode, self, target_p)
@@ -185,11 +199,14 @@ class SpeculativeDecoder:
                 f"the prompt is {len(committed)} tokens but the context window holds "
                 f"{self.n_ctx}; raise n_ctx or shorten the prompt"
             )
+        matcher = None if constraint is None else \
+            Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         generation = Generation(
             self.target, self.draft, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
             params=params, policy=policy, mode=mode, strategy=strategy, stop=stop,
-            keep_cache=keep_cache, target_p=target_p,
+            keep_cache=keep_cache, target_p=target_p, constraint=matcher,
+            force=draft_max != 0, logprobs=logprobs,
         )
         stream = GenerationStream()
         stream._events = generation.run(stream)

@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from ..errors import InvalidParameterError
+from .constraint import Constraint, masked
 from .lengths import DraftStep, always_more
 from .llama import Model
 from .sampling import (
@@ -49,6 +50,8 @@ class Draft:
     #: Rows the draft model read: len(tokens), plus one when it read a row and drew
     #: nothing from it (cut by p_min or by the policy).
     rows: int = 0
+    #: Leading tokens a constraint forced (no source drafted them; q all on them).
+    forced: int = 0
 
 
 #: (draft row j, the draft model's confidence there) -> what to do: DraftLengthPolicy.extend
@@ -69,10 +72,12 @@ class DraftStrategy(Protocol):
         params: SamplingParams,
         rng: np.random.Generator,
         extend: Extend = always_more,
+        constraint: Constraint | None = None,
     ) -> Draft:
         """Up to choose_k(source, match) tokens that may follow `committed`; an empty Draft
         when k is 0 (then nothing is decoded at all). A model draft asks `extend` at each
-        row whether to go on."""
+        row whether to go on. Under a constraint every proposed token is one it allows
+        (a model draws from its masked q), consumed into its chain."""
         ...
 
     def settle(self, committed: list[int]) -> None:
@@ -107,6 +112,7 @@ class ModelDraft:
         params: SamplingParams,
         rng: np.random.Generator,
         extend: Extend = always_more,
+        constraint: Constraint | None = None,
     ) -> Draft:
         k = choose_k("model", 0)
         if k <= 0:
@@ -127,6 +133,8 @@ class ModelDraft:
         reads = extend is not always_more
         for i in range(k):
             logits = m.logits_row(-1)
+            if constraint is not None:
+                logits = masked(logits, constraint.allowed())
             draft.rows += 1
             # Whether to draw token i depends on q_i alone (its top probability), never
             # on the token drawn: a stop decided by the draw would bias what is verified.
@@ -140,6 +148,8 @@ class ModelDraft:
             token = int(np.argmax(logits)) if q is None else sample(q, rng)
             draft.tokens.append(token)
             draft.qs.append(q)
+            if constraint is not None:
+                constraint.advance([token])
             if reads:
                 draft.confidences.append(sure)
             if step == "last" or i + 1 == k:

@@ -15,12 +15,26 @@ FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The target's natural log-probability of one generated token, read from the verify
+    pass that decided it (its distribution at temperature 1, before top-k/top-p/min-p,
+    masked by a constraint), and the `top` likeliest tokens at that position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     tokens: list[int]  # generated ids only, prompt excluded (an end-of-generation token too)
     text: str
     finish_reason: FinishReason
     stats: Stats
     prompt_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when asked for
+    # Under a constraint: whether the output is complete by it (None: no constraint).
+    constraint_met: bool | None = None
 
 
 @dataclass(frozen=True)

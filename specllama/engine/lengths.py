@@ -30,8 +30,8 @@ def always_more(j: int, confidence: float) -> DraftStep:
 class RoundOutcome:
     """What one round cost and gave: the input of adaptive policies."""
 
-    k: int  # tokens drafted (0 = plain target step)
-    accepted: int
+    k: int  # tokens drafted (0 = plain target step), after `forced`
+    accepted: int  # of those k
     source: Source
     target_s: float  # target decode time of this round (one pass of k+1 tokens)
     draft_s: float  # draft model decode time of this round (0 for lookup)
@@ -51,6 +51,9 @@ class RoundOutcome:
     #: Rows of its own the draft model read (`Draft.rows`): k, or k + 1 when a row was
     #: read and the draft ended there (a step decoded for nothing).
     draft_rows: int = 0
+    #: Tokens a constraint forced at the start of the draft, verified in the same pass
+    #: (the batch held forced + k + 1 tokens).
+    forced: int = 0
 
 
 class DraftLengthPolicy(Protocol):

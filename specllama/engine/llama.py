@@ -128,6 +128,7 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
+        self._lltokenizer: Any = None  # grammar_tokenizer(), once asked for
 
     def set_threads(self, n_threads: int) -> None:
         """Decode with n_threads from now on (chosen once the load has shown how busy
@@ -180,6 +181,31 @@ class Model:
     def token_text(self, token: int) -> bytes:
         """The raw vocabulary entry (e.g. '▁the', '<0x0A>'), as llama.cpp compares vocabs."""
         return lc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def grammar_tokenizer(self) -> Any:
+        """llguidance's view of this vocabulary (each token's bytes, control tokens marked
+        with a 0xff prefix as llguidance expects, end-of-generation ids), built once (about
+        a second for 49k tokens): what constraints mask and force tokens with."""
+        if self._lltokenizer is None:
+            import llguidance
+
+            buf = ctypes.create_string_buffer(1024)
+            pieces: list[bytes] = []
+            control = lc.LLAMA_TOKEN_ATTR_CONTROL
+            for token in range(self.n_vocab):
+                n = lc.llama_token_to_piece(self._vocab, token, buf, 1024, 0, True)
+                piece = buf.raw[: max(n, 0)]
+                attr = lc.llama_vocab_get_attr(self._vocab, token)
+                if attr & control or (attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                      and piece.startswith(b"<") and piece.endswith(b">")):
+                    piece = b"\xff" + piece
+                pieces.append(piece)
+            eog = [t for t in range(self.n_vocab) if self.is_eog(t)] or [self.eos]
+            fptr = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+            self._lltokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+                tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=fptr, eos_token=eog,
+                slices=None)
+        return self._lltokenizer
 
     def is_eog(self, token: int) -> bool:
         hit = self._eog.get(token)

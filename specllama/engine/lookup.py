@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InvalidParameterError
+from .constraint import Constraint
 from .drafts import ChooseK, Draft, DraftStrategy, Extend, always_more
 from .sampling import SamplingParams
 
@@ -205,14 +206,24 @@ class LookupDraft:
         params: SamplingParams,
         rng: np.random.Generator,
         extend: Extend = always_more,
+        constraint: Constraint | None = None,
     ) -> Draft:
         if not self.has_match(committed):
             return Draft()
         tokens = self.find(committed, choose_k("lookup", self.match_length()))
-        return Draft(tokens, [None] * len(tokens), "lookup") if tokens else Draft()
+        return _lookup_draft(tokens, constraint)
 
     def settle(self, committed: list[int]) -> None:
         self.index.sync(committed)
+
+
+def _lookup_draft(tokens: list[int], constraint: Constraint | None) -> Draft:
+    """A lookup continuation, cut where a constraint stops allowing it: a token it
+    forbids has p = 0, so verifying it would be a step spent for nothing."""
+    if constraint is not None:
+        tokens = tokens[: constraint.fits(tokens)]
+        constraint.advance(tokens)
+    return Draft(tokens, [None] * len(tokens), "lookup") if tokens else Draft()
 
 
 class HybridDraft:
@@ -241,18 +252,19 @@ class HybridDraft:
         params: SamplingParams,
         rng: np.random.Generator,
         extend: Extend = always_more,
+        constraint: Constraint | None = None,
     ) -> Draft:
         self._model_drafted = False
         if self.lookup.has_match(committed):
             k = choose_k("lookup", self.lookup.match_length())
             if k > 0:
-                tokens = self.lookup.find(committed, k)
-                if tokens:
-                    return Draft(tokens, [None] * len(tokens), "lookup")
+                draft = _lookup_draft(self.lookup.find(committed, k), constraint)
+                if draft.tokens:
+                    return draft
         if self.model is None:
             return Draft()
         self._model_drafted = True
-        return self.model.propose(committed, choose_k, params, rng, extend)
+        return self.model.propose(committed, choose_k, params, rng, extend, constraint)
 
     def settle(self, committed: list[int]) -> None:
         self.lookup.settle(committed)

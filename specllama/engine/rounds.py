@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .constraint import Constraint, masked
 from .drafts import Draft, DraftMode, DraftStrategy
 from .events import (
     DraftProposed,
@@ -28,6 +29,7 @@ from .events import (
     TargetKind,
     TargetToken,
     TextFlushed,
+    TokenLogprob,
     TokensAccepted,
 )
 from .lengths import DraftLengthPolicy, RoundOutcome
@@ -35,6 +37,7 @@ from .llama import Model
 from .sampling import (
     SamplingParams,
     Verdict,
+    log_softmax,
     probabilities,
     sample_logits_and_p,
     verify,
@@ -112,7 +115,13 @@ class Generation:
         stop: Sequence[str],
         keep_cache: bool,
         target_p: dict[int, float],
+        constraint: Constraint | None = None,
+        force: bool = False,
+        logprobs: int | None = None,
     ) -> None:
+        """constraint: what the output must follow (every row masked by it); force: draft
+        the tokens it forces (speculation is on), free of any draft model; logprobs: keep
+        each token's log-probability and the n likeliest (None: not at all)."""
         self.target, self.draft = target, draft
         self.committed = committed  # prompt + output; both caches hold committed[:-1]
         self.generated: list[int] = []
@@ -121,6 +130,10 @@ class Generation:
         self.params, self.policy, self.mode, self.strategy = params, policy, mode, strategy
         self.keep_cache = keep_cache
         self.target_p = target_p  # p(x) where the target drew alone, for ModelDraft.shadow
+        self.constraint = constraint
+        self.force = force and constraint is not None
+        self.logprobs = logprobs
+        self.token_logprobs: list[TokenLogprob] = []
         self.rng = np.random.default_rng(params.seed)
         self.text = TextStream(target.piece, stop)
         self.stats = Stats(prompt_tokens=self.n_prompt, target_at=target.placement)
@@ -191,20 +204,34 @@ class Generation:
         return min(self.max_tokens - len(self.generated) - 1, room)
 
     def _propose(self, limit: int) -> Draft:
-        if self.strategy is None or limit <= 0:
-            return Draft()
+        """The tokens a constraint forces from here (free), then the strategy's draft
+        after them, both within `limit`."""
+        c = self.constraint
+        forced = c.forced(limit) if c is not None and self.force and limit > 0 else []
+        if c is not None:
+            c.advance(forced)
+        room = limit - len(forced)
+        if self.strategy is None or room <= 0:
+            return Draft(forced, [None] * len(forced), "lookup", forced=len(forced)) \
+                if forced else Draft()
 
         def choose_k(source: str, match: int) -> int:
-            return min(self.policy.choose(source, match), limit)
+            return min(self.policy.choose(source, match), room)
 
-        return self.strategy.propose(self.committed, choose_k, self.params, self.rng,
-                                     self.policy.extend)
+        context = self.committed + forced if forced else self.committed
+        draft = self.strategy.propose(context, choose_k, self.params, self.rng,
+                                      self.policy.extend, c)
+        if forced:
+            draft.tokens[:0] = forced
+            draft.qs[:0] = [None] * len(forced)
+            draft.forced = len(forced)
+        return draft
 
     def _verify(self, draft: Draft) -> Verified:
         """One target pass over [last, d1..dk] gives p_1..p_{k+1}; the exact rule."""
         self.target.decode([self.committed[-1], *draft.tokens],
                            "all" if draft.tokens else "last")
-        rows = _Rows(draft, self.target.logits_row, self.params)
+        rows = _Rows(draft, self._row, self.params)
         if self.params.greedy:
             verdict = verify_greedy(rows.argmax, draft.tokens)
         else:
@@ -228,6 +255,8 @@ class Generation:
                 self.finish = "length"
                 break
         n_before = len(self.generated)
+        if self.logprobs is not None:
+            self.token_logprobs += [self._logprob(j, t) for j, t in enumerate(tokens)]
         drafted = min(verdict.accepted, len(tokens))
         drafted_text = self.text.feed(tokens[:drafted])
         own_text = self.text.feed(tokens[drafted:]) if len(tokens) > drafted else ""
@@ -240,23 +269,31 @@ class Generation:
             self.finish = "stop"
             keep = tokens_covering(self.target.piece, self.generated, len(self.text.text))
             del self.generated[keep:]
+            del self.token_logprobs[keep:]
             del self.committed[self.n_prompt + keep :]
             tokens = tokens[: max(0, keep - n_before)]
         self.target.truncate(len(self.committed) - 1)
         if self.strategy is not None:
             self.strategy.settle(self.committed)
+        if self.constraint is not None:
+            self.constraint.settle(self.generated)
         return Committed(tuple(tokens), min(drafted, len(tokens)), drafted_text, own_text)
 
     def _learn(self, draft: Draft, seen: Verified, done: Committed, clock: Clock) -> None:
-        k, m = len(draft.tokens), seen.verdict.accepted
+        # Forced tokens are counted apart: the policy and the acceptance figures see
+        # the drafts that came from a source, the verify cost sees the whole batch.
+        f = draft.forced
+        k, m = len(draft.tokens) - f, max(0, seen.verdict.accepted - f)
         seconds = time.perf_counter() - clock.wall
         target_s = self.target.decode_s - clock.target_s
         draft_s = self._draft_s() - clock.draft_s
         self.stats.record_round(k, m, len(done.tokens), seconds=seconds,
-                                own_s=seconds - target_s - draft_s)
+                                own_s=seconds - target_s - draft_s, forced=f,
+                                forced_accepted=min(f, seen.verdict.accepted))
         self.policy.observe(RoundOutcome(
             k=k,
             accepted=m,
+            forced=f,
             source=draft.source,
             target_s=target_s,
             draft_s=draft_s,
@@ -308,18 +345,36 @@ class Generation:
         s.policy_detail = self.policy.explain()
         s.predicted_speedup = self.policy.predicted_speedup()
         s.tokens = len(self.generated)
+        if self.constraint is not None:
+            s.mask_s = self.constraint.mask_s
         return self._result(self.finish or "interrupted")
 
     # ------------------------------------------------------------ small helpers
     def _result(self, finish: FinishReason) -> GenerationResult:
-        return GenerationResult(self.generated, self.text.text, finish, self.stats,
-                                self.n_prompt)
+        return GenerationResult(
+            self.generated, self.text.text, finish, self.stats, self.n_prompt,
+            None if self.logprobs is None else tuple(self.token_logprobs),
+            None if self.constraint is None else self.constraint.complete)
 
     def _models(self) -> list[Model]:
         return [m for m in (self.target, self.draft) if m is not None]
 
     def _clock(self) -> Clock:
         return Clock(self.target.decode_s, self._draft_s(), time.perf_counter())
+
+    def _row(self, i: int) -> np.ndarray:
+        """The target's logits at row i of the verify pass, masked by the constraint at
+        the state after the draft's first i tokens."""
+        row = self.target.logits_row(i)
+        return row if self.constraint is None else masked(row, self.constraint.row_mask(i))
+
+    def _logprob(self, i: int, token: int) -> TokenLogprob:
+        """Token `token` decided at row i: the row's log-probabilities are on hand."""
+        lp = log_softmax(self._row(i))
+        n = self.logprobs or 0
+        top = np.argpartition(-lp, n)[:n] if n else np.empty(0, dtype=np.int64)
+        top = top[np.argsort(-lp[top], kind="stable")]
+        return TokenLogprob(token, float(lp[token]), tuple((int(t), float(lp[t])) for t in top))
 
     def _draft_s(self) -> float:
         return self.draft.decode_s if self.draft is not None else 0.0

@@ -124,6 +124,13 @@ def _nucleus(z: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray
     return cand[order[: min(n_keep, order.shape[0])]]
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log p at temperature 1 (-inf stays -inf: tokens a constraint forbids)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    return z - np.log(np.exp(z).sum())
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index from a probability vector by inverse CDF.
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar, get_args
 
-from ..errors import InvalidParameterError
+from ..errors import ConstraintError, InvalidParameterError
+from .constraint import ConstraintSpec
 from .rpc import endpoint_problem
 from .sampling import SamplingParams
 
@@ -117,6 +118,14 @@ def _check_rpc(value: Any) -> tuple[Any, str | None]:
     return tuple(v.strip() for v in value), None
 
 
+def _text(value: Any) -> tuple[Any, str | None]:
+    if value is None:
+        return None, None
+    if not isinstance(value, str) or not value.strip():
+        return value, f"must be a non-empty string, {got(value)}"
+    return value, None
+
+
 def _check_draft_mode(value: Any) -> tuple[Any, str | None]:
     if value in DRAFT_MODES:
         return value, None
@@ -134,6 +143,7 @@ class Setting:
     at_load: bool = False  # fixed once the models are loaded (so not /set)
     words: tuple[str, ...] = ()  # values allowed besides numbers, or the only ones
     aliases: tuple[str, ...] = ()  # other spellings of the flag (llama.cpp's, Ollama's)
+    metavar: str = ""  # what a text setting's flag takes
 
     @property
     def flag(self) -> str:
@@ -152,6 +162,8 @@ class Setting:
         text = text.strip()
         if text in self.words or (self.name == "seed" and text.lower() in ("none", "random")):
             return self.validate(None if self.name == "seed" else text)
+        if self.type is str and not self.words:  # free text; "off" clears it (/set)
+            return self.validate(None if text.lower() in ("off", "none") else text)
         value: Any = text
         for convert in (int, float):
             try:
@@ -206,6 +218,34 @@ class Settings:
     # (docs/architecture.md, "The draft confidence cutoff").
     p_min: float = _row(0.2, float, "Stop a draft when the draft model's top token has less "
                         "probability (0 = never; exact either way).", _float_in(0.0, 1.0))
+
+    # The output's constraint: one of these three at most (see `constraint`).
+    json_schema: str | None = _row(
+        None, str, "Constrain the output to this JSON schema: a file, or the schema "
+        "itself as JSON.", _text, in_file=False, metavar="FILE|JSON")
+    grammar: str | None = _row(
+        None, str, "Constrain the output to this grammar file (llama.cpp's GBNF, or "
+        "Lark).", _text, in_file=False, metavar="FILE")
+    regex: str | None = _row(None, str, "Constrain the output to match this regular "
+                             "expression.", _text, in_file=False, metavar="PATTERN")
+
+    @property
+    def constraint(self) -> ConstraintSpec | None:
+        """What --json-schema, --grammar or --regex ask for (a file read now);
+        ConstraintError for a bad one or more than one."""
+        given = [(n, v) for n, v in (("json_schema", self.json_schema),
+                                     ("grammar", self.grammar), ("regex", self.regex)) if v]
+        if not given:
+            return None
+        if len(given) > 1:
+            flags = " and ".join(SETTINGS[n].flag for n, _ in given)
+            raise ConstraintError(f"give one constraint at most, not {flags}")
+        name, value = given[0]
+        if name == "json_schema":
+            return ConstraintSpec.json_schema(value)
+        if name == "grammar":
+            return ConstraintSpec.grammar_file(value)
+        return ConstraintSpec("regex", value)
 
     @property
     def sampling(self) -> SamplingParams:

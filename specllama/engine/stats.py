@@ -13,6 +13,11 @@ class Stats:
     target_steps: int = 0  # target verification passes, plain steps included
     drafted: int = 0
     accepted: int = 0
+    # Tokens a constraint forced into drafts (not in drafted/accepted: no source drafted
+    # them), and how many of them the target accepted.
+    forced: int = 0
+    forced_accepted: int = 0
+    mask_s: float = 0.0  # time computing a constraint's token masks
     # At draft position i+1: drafts proposed, reached (every earlier draft accepted),
     # and accepted. accepted_at / reached_at is the conditional acceptance rate there.
     drafted_at: list[int] = field(default_factory=list)
@@ -35,12 +40,15 @@ class Stats:
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
     def record_round(self, k: int, m: int, emitted: int, *, seconds: float = 0.0,
-                     own_s: float = 0.0) -> None:
-        """A round that drafted k tokens, m of them accepted, and put `emitted` into the
-        output; it took `seconds`, `own_s` of them outside llama.cpp's decodes."""
+                     own_s: float = 0.0, forced: int = 0, forced_accepted: int = 0) -> None:
+        """A round that drafted k tokens after `forced` ones a constraint forced, m and
+        `forced_accepted` of them accepted, and put `emitted` into the output; it took
+        `seconds`, `own_s` of them outside llama.cpp's decodes."""
         self.target_steps += 1
         self.rounds_s += seconds
-        if k == 0:
+        self.forced += forced
+        self.forced_accepted += forced_accepted
+        if k == 0 and forced == 0:
             self.plain_rounds += 1
             self.plain_own_s += own_s
         self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
@@ -110,8 +118,9 @@ class Stats:
     def merge(self, other: Stats) -> None:
         """Add another generation's counts (session totals in the REPL)."""
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
-                     "accepted", "prompt_s", "generate_s", "draft_s", "target_s",
-                     "rounds_s", "plain_rounds", "plain_own_s"):
+                     "accepted", "forced", "forced_accepted", "mask_s", "prompt_s",
+                     "generate_s", "draft_s", "target_s", "rounds_s", "plain_rounds",
+                     "plain_own_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.target_at = other.target_at
         self._grow(len(other.drafted_at))

@@ -74,9 +74,10 @@ class LoopCosts:
 
     def observe(self, outcome: RoundOutcome) -> None:
         tune = self.tuning
-        k, n = outcome.k, outcome.k + 1
+        k, n = outcome.k, outcome.forced + outcome.k + 1
         self._rounds += 1
-        self.since_plain = 0 if k == 0 else self.since_plain + 1
+        # (a round of forced tokens alone is no measure of the target alone)
+        self.since_plain = 0 if n == 1 else self.since_plain + 1
         # Quick at first (a calibration taken on a busy machine can be far off), then
         # slow, a round counting as at most `spike` times the running estimate; the
         # spikes of the first rounds (weights still paging in) fade within a few rounds.

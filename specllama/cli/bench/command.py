@@ -38,8 +38,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _bench_options(f: F) -> F:
     decorators: list[Callable[[F], F]] = [
         model_options,
-        click.option("--prompts", "prompts_path", metavar="FILE",
-                     help="Your prompts: one per line, or JSONL with a 'prompt' field."),
+        click.option("--prompts", "prompts_path", metavar="FILE|bench|copy|json",
+                     help="Your prompts: one per line, or JSONL with a 'prompt' field (and "
+                          "an optional 'schema'); or a built-in set by name."),
         click.option("--modes", default=DEFAULT_MODES, show_default=True, metavar="LIST",
                      help="Comma-separated: target, auto, heuristic, draft lengths (1,2,4...)."),
         click.option("--reps", type=click.IntRange(1), default=DEFAULT_REPS, show_default=True,
@@ -52,6 +53,7 @@ def _bench_options(f: F) -> F:
         setting_option("p_min"),
         RECALIBRATE_OPTION,
         setting_option("draft_mode"),
+        *(setting_option(name) for name in ("json_schema", "grammar", "regex")),
         click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
         click.option("--warmup/--no-warmup", default=True, show_default=True,
                      help="Short untimed runs first: one per mode, then one per prompt."),
@@ -108,6 +110,7 @@ def bench_command(run: RunOptions, prompts_path: str | None, modes: str, reps: i
             decoder, prompts, mode_list,
             reps=reps, max_tokens=settings.max_tokens, sampling=settings.sampling,
             draft_mode=settings.draft_mode, warmup=warmup, raw=raw,
+            constraint=settings.constraint,
             progress=progress, max_foreign=max_foreign,
         )
     finally:

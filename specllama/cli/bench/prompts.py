@@ -22,6 +22,7 @@ class BenchPrompt:
     prompt: str
     category: str = "user"
     chat: bool = True  # wrap in the model's chat template (when it has one)
+    schema: str | None = None  # a JSON schema the output follows (JSON text)
 
 
 def _record(obj: Any, where: str, index: int) -> BenchPrompt:
@@ -35,17 +36,21 @@ def _record(obj: Any, where: str, index: int) -> BenchPrompt:
     chat = obj.get("chat", True)
     if not isinstance(chat, bool):
         raise InvalidParameterError(f"{where}: line {index}: 'chat' must be true or false")
+    schema = obj.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidParameterError(f"{where}: line {index}: 'schema' must be a JSON object")
     return BenchPrompt(
         id=str(obj.get("id") or f"p{index}"),
         prompt=obj["prompt"],
         category=str(obj.get("category") or "user"),
         chat=chat,
+        schema=None if schema is None else json.dumps(schema),
     )
 
 
 def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
     """JSONL (each line a JSON object with "prompt", optional "id", "category",
-    "chat"; or a JSON string), or plain text with one prompt per line. Blank
+    "chat", "schema"; or a JSON string), or plain text with one prompt per line. Blank
     lines and lines starting with '#' are skipped."""
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
@@ -70,14 +75,22 @@ def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
     return out
 
 
-def builtin_prompts() -> list[BenchPrompt]:
-    """The shipped set: chat, code, summarizing a given text, rewriting a given text."""
-    text = resources.files("specllama").joinpath("prompts/bench.jsonl").read_text("utf-8")
-    return parse_prompts(text, "built-in bench prompts")
+#: The shipped sets, by the name --prompts takes: the default mix (chat, code,
+#: summarizing and rewriting a given text), text to copy with changes (lookup's ground),
+#: and JSON that follows a schema given with each prompt (extraction, a tool call, ...).
+BUILTIN_SETS = ("bench", "copy", "json")
+
+
+def builtin_prompts(name: str = "bench") -> list[BenchPrompt]:
+    text = resources.files("specllama").joinpath(f"prompts/{name}.jsonl").read_text("utf-8")
+    return parse_prompts(text, f"built-in prompts {name!r}")
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[BenchPrompt]:
+    """A file, or the name of a built-in set (where no such file exists)."""
     p = Path(path).expanduser()
+    if str(path) in BUILTIN_SETS and not p.exists():
+        return builtin_prompts(str(path))
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:

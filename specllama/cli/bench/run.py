@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from ...engine.constraint import ConstraintSpec
 from ...engine.decoder import SpeculativeDecoder
 from ...engine.drafts import DraftMode
 from ...engine.llama import LLAMA_CPP_VERSION
@@ -62,8 +63,10 @@ def run_bench(
     raw: bool = False,
     progress: Callable[[str], None] | None = None,
     max_foreign: float | None = DEFAULT_MAX_FOREIGN,
+    constraint: ConstraintSpec | None = None,
 ) -> dict[str, Any]:
-    """Run every mode on every prompt `reps` times, interleaved; the full report."""
+    """Run every mode on every prompt `reps` times, interleaved; the full report.
+    `constraint` applies to the prompts without a schema of their own."""
     if not isinstance(reps, int) or reps < 1:
         raise InvalidParameterError(f"reps must be an integer >= 1, got {reps!r}")
     if not prompts:
@@ -73,6 +76,8 @@ def run_bench(
     say = progress or (lambda _msg: None)
     modes = list(modes)
     encoded = {p.id: _prompt_tokens(decoder, p, raw) for p in prompts}
+    constraints = {p.id: constraint if p.schema is None else ConstraintSpec.json_schema(p.schema)
+                   for p in prompts}
     load_start = loadavg()
     t_begin = time.perf_counter()
 
@@ -81,38 +86,38 @@ def run_bench(
         say("calibrating decode costs")
         calibration = AutoState.for_decoder(decoder).calibration
 
-    def gen(tokens: list[int], mode: Mode, seed: int, n: int):
+    def gen(p: BenchPrompt, mode: Mode, seed: int, n: int):
         params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
                                 top_p=sampling.top_p, min_p=sampling.min_p, seed=seed)
-        return decoder.generate(tokens, max_tokens=n, sampling=params,
-                                draft_max=mode.draft_max, draft_mode=draft_mode)
+        return decoder.generate(encoded[p.id], max_tokens=n, sampling=params,
+                                draft_max=mode.draft_max, draft_mode=draft_mode,
+                                constraint=constraints[p.id])
 
     if warmup:
         say("warming up")
-        first = encoded[prompts[0].id]
         for mode in modes:
-            gen(first, mode, seed0, min(WARMUP_TOKENS, max_tokens))
+            gen(prompts[0], mode, seed0, min(WARMUP_TOKENS, max_tokens))
 
     runs: list[dict[str, Any]] = []
     total = len(prompts) * reps * len(modes)
     meter, whole = CpuMeter(), CpuMeter()
     whole.start()
     for p in prompts:
-        tokens = encoded[p.id]
         if warmup:  # untimed: the first run after a prompt change is slower, whatever the mode
-            gen(tokens, modes[0], seed0, min(WARMUP_TOKENS, max_tokens))
+            gen(p, modes[0], seed0, min(WARMUP_TOKENS, max_tokens))
         for rep in range(reps):
             shift = rep % len(modes)
             order = modes[shift:] + modes[:shift]
             for slot, mode in enumerate(order):
                 meter.start()
-                result = gen(tokens, mode, seed0 + rep, max_tokens)
+                result = gen(p, mode, seed0 + rep, max_tokens)
                 foreign = meter.stop()
                 s = result.stats
                 run = {
                     "prompt": p.id, "mode": mode.name, "draft_max": mode.draft_max,
                     "rep": rep, "slot": slot, "seed": seed0 + rep,
                     "finish_reason": result.finish_reason,
+                    "constrained": constraints[p.id] is not None,
                     "foreign_cpu": foreign,
                     **s.to_dict(),
                 }

@@ -300,6 +300,7 @@ class ChatSession:
                 draft_mode=s.draft_mode,
                 stop=PLAIN_STOP if self.plain_format else (),
                 keep_cache=True,
+                constraint=s.constraint,
             )
             if trimmed is not None:
                 yield trimmed
