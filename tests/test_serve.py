@@ -485,6 +485,24 @@ def test_a_server_side_fault_is_a_500_not_the_clients_mistake(refusing_cache):
     assert server.health()["requests"]["failed"] == 2
 
 
+def test_a_generation_refused_before_it_begins_fails_that_request_only(tiny_target):
+    """decoder.stream() itself raising (here: a draft length out of range) used to end the
+    worker thread, and every later request waited forever."""
+    decoder = SpeculativeDecoder.load(tiny_target, n_ctx=128, n_threads=1)
+    server = InProcessServer(decoder, "tiny")
+    server.worker.draft_max = -1
+    try:
+        for _ in range(2):
+            r = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                           json={"model": "tiny", "prompt": "the cat"})
+            assert r.status_code == 400, r.text
+            assert "draft_max" in r.json()["error"]["message"], r.text
+        assert server.health()["requests"]["failed"] == 2
+    finally:
+        server.stop()
+        decoder.close()
+
+
 # ------------------------------------------------------------------------- the command
 
 

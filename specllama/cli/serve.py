@@ -38,7 +38,8 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
         model_id = settings.pair or Path(settings.target).stem
         config = server.ServeConfig(
             model_id=model_id,
-            defaults=server.Defaults(settings.sampling, settings.max_tokens),
+            defaults=server.Defaults(settings.sampling, settings.max_tokens,
+                                     settings.constraint),
             draft_max=settings.draft_max,
             draft_mode=settings.draft_mode,
             api_key=api_key,

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import (
+    ConstraintError,
     ContextOverflowError,
     Finished,
     InvalidParameterError,
@@ -40,7 +41,7 @@ GRACE_S = 30
 _DRAIN_LIMIT = 4 * MAX_BODY
 # The errors a request itself can cause during its generation (400); any other failure
 # (a KV cache llama.cpp refused to cut, a failed decode, ...) is the server's (500).
-_CLIENT_ERRORS = (InvalidParameterError, ContextOverflowError)
+_CLIENT_ERRORS = (InvalidParameterError, ContextOverflowError, ConstraintError)
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,11 @@ class _API:
             watcher.cancel()
         if result is None:
             raise _shutting_down()
-        return completion(work, rid, self.config.model_id, result, self._figures(job, result))
+        unmet = _unmet(result, self.worker.decoder.n_ctx)
+        if unmet is not None:
+            raise unmet
+        return completion(work, rid, self.config.model_id, result, self._figures(job, result),
+                          self.worker.decoder.target.piece)
 
     async def _stream(
         self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event
@@ -243,7 +248,12 @@ class _API:
                     yield _sse(_failure(end.error).body())
                     break
                 if isinstance(end, Finished):
-                    for chunk in chunks.end(end.result, self._figures(job, end.result)):
+                    unmet = _unmet(end.result, self.worker.decoder.n_ctx)
+                    if unmet is not None:
+                        yield _sse(unmet.body())
+                        break
+                    for chunk in chunks.end(end.result, self._figures(job, end.result),
+                                            self.worker.decoder.target.piece):
                         yield _sse(chunk)
             yield {"data": "[DONE]"}
         finally:
@@ -302,6 +312,17 @@ def _sse(body: dict[str, Any]) -> dict[str, str]:
 def _shutting_down() -> APIError:
     return APIError(503, "the server is shutting down", type="server_error",
                     code="shutting_down", headers={"Retry-After": "5"})
+
+
+def _unmet(result: Any, n_ctx: int) -> APIError | None:
+    """A response_format the context window had no room to complete: the client's 400,
+    not a truncated JSON document that looks like an answer."""
+    if result.finish_reason != "context" or result.constraint_met is not False:
+        return None
+    return APIError(400, f"the context window ({n_ctx} tokens) filled before the output "
+                    f"completed the response_format ({len(result.tokens)} tokens generated); "
+                    "shorten the prompt", param="response_format",
+                    code="context_length_exceeded")
 
 
 def _failure(error: BaseException) -> APIError:

@@ -9,8 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .. import InvalidParameterError, SamplingParams, SpeculativeDecoder
-from .schema import APIError, ChatRequest, CompletionRequest
+from .. import (
+    ConstraintError,
+    ConstraintSpec,
+    InvalidParameterError,
+    SamplingParams,
+    SpeculativeDecoder,
+)
+from .schema import APIError, ChatRequest, CompletionRequest, ResponseFormat
 
 # Used when the target has no chat template, as `specllama chat` does.
 PLAIN_STOP = ("\nUser:",)
@@ -22,6 +28,8 @@ class Defaults:
 
     sampling: SamplingParams
     max_tokens: int
+    # `serve --json-schema/--grammar/--regex`: for requests without a response_format
+    constraint: ConstraintSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,8 @@ class Work:
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...]
+    constraint: ConstraintSpec | None = None
+    logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
 
 
 def build_work(
@@ -73,7 +83,31 @@ def build_work(
         )
     except InvalidParameterError as exc:
         raise APIError(400, str(exc)) from None
-    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop)
+    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop,
+                constraint(req.response_format, defaults.constraint), req.n_logprobs)
+
+
+def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
+    """`response_format` as a constraint (the server's own when the request has none),
+    its schema compiled now so that a bad one is the request's 400 before it waits in
+    the queue."""
+    if fmt is None:
+        return default
+    if fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        spec = ConstraintSpec("json_object")
+    else:
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise APIError(400, "response_format.json_schema.schema is missing: a json_schema "
+                           "response format needs the schema", param="response_format")
+        spec = ConstraintSpec.json_schema(fmt.json_schema.schema_)
+    try:
+        spec.grammar()
+    except ConstraintError as exc:
+        raise APIError(400, f"response_format: {exc}", param="response_format",
+                       code="invalid_json_schema") from None
+    return spec
 
 
 def chat_tokens(decoder: SpeculativeDecoder, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .. import GenerationResult
@@ -51,6 +52,9 @@ def figures(
         "accepted": s.accepted,
         "acceptance_rate": round(s.acceptance_rate, 4),
         "acceptance_by_position": [round(a, 4) for a in s.acceptance_by_position],
+        # tokens a response_format forced (drafted free of any model), apart from drafted
+        "forced": s.forced,
+        "forced_accepted": s.forced_accepted,
         "tokens_per_step": round(s.tokens_per_step, 4),
         "tokens_per_s": round(s.tokens_per_s, 2),
         "mean_draft_length": round(s.mean_draft_length, 3),
@@ -67,20 +71,49 @@ def figures(
     }
 
 
+Piece = Callable[[int], bytes]
+
+
+def logprobs(kind: str, result: GenerationResult, piece: Piece) -> dict[str, Any] | None:
+    """The target's log-probabilities of the output in OpenAI's shape: chat's `content`
+    list, or the legacy completions' parallel lists; None when they were not asked for."""
+    if result.logprobs is None:
+        return None
+    if kind == "chat":
+        def entry(token: int, lp: float) -> dict[str, Any]:
+            raw = piece(token)
+            return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+
+        return {"content": [{**entry(t.token, t.logprob),
+                             "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                            for t in result.logprobs], "refusal": None}
+    texts = [piece(t.token).decode("utf-8", "replace") for t in result.logprobs]
+    offsets = [sum(map(len, texts[:i])) for i in range(len(texts))]
+    return {
+        "tokens": texts,
+        "token_logprobs": [t.logprob for t in result.logprobs],
+        "top_logprobs": [{piece(i).decode("utf-8", "replace"): lp for i, lp in t.top}
+                         for t in result.logprobs],
+        "text_offset": offsets,
+    }
+
+
 def completion(
-    work: Work, rid: str, model: str, result: GenerationResult, extra: dict[str, Any]
+    work: Work, rid: str, model: str, result: GenerationResult, extra: dict[str, Any],
+    piece: Piece,
 ) -> dict[str, Any]:
     """The non-streaming answer."""
     finish = FINISH_REASONS[result.finish_reason]
+    lps = logprobs(work.kind, result, piece)
     if work.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": result.text},
             "finish_reason": finish,
-            "logprobs": None,
+            "logprobs": lps,
         }
     else:
-        choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": result.text, "finish_reason": finish, "logprobs": lps}
     return {
         "id": rid,
         "object": "chat.completion" if work.kind == "chat" else "text_completion",
@@ -115,13 +148,14 @@ class Chunks:
         body.update(more)
         return body
 
-    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, role: bool = False,
+                lps: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": lps}
 
     def start(self) -> dict[str, Any] | None:
         """Chat streams open with the assistant's role and no text."""
@@ -130,9 +164,13 @@ class Chunks:
     def text(self, text: str) -> dict[str, Any]:
         return self._chunk([self._choice(text, None)])
 
-    def end(self, result: GenerationResult, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    def end(self, result: GenerationResult, extra: dict[str, Any],
+            piece: Piece) -> list[dict[str, Any]]:
+        """The last chunk; the log-probabilities of the whole output, if asked for, come
+        with it (a stop string can still cut tokens whose text was held back)."""
         finish = FINISH_REASONS[result.finish_reason]
-        last = [self._chunk([self._choice(None, finish)], **{EXTRA_KEY: extra})]
+        lps = logprobs(self.kind, result, piece)
+        last = [self._chunk([self._choice(None, finish, lps=lps)], **{EXTRA_KEY: extra})]
         if self.include_usage:
             last.append(self._chunk([], usage=usage(result), **{EXTRA_KEY: extra}))
         return last

@@ -78,6 +78,40 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Body):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+# Fields of OpenAI's API that change what a model returns and that specllama does not do:
+# each gets a 400 naming it unless it holds its no-op value, rather than free text that
+# looks like an answer. (Fields that change nothing for one local model, `user`,
+# `metadata`, `store`, ..., are ignored as OpenAI's own servers ignore them.)
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+}
+
+
 class _Request(_Body):
     model: str
     stream: bool = False
@@ -90,6 +124,7 @@ class _Request(_Body):
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     seed: int | None = Field(None, ge=0)
     n: int = Field(1, ge=1, le=1)  # one choice per request
+    response_format: ResponseFormat | None = None
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -109,6 +144,17 @@ class _Request(_Body):
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """None: no log-probabilities; n: the chosen token's and the n likeliest."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     @property
     def token_limit(self) -> int | None:
@@ -117,6 +163,11 @@ class ChatRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API: how many likeliest
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -149,6 +200,12 @@ def parse(body: bytes, kind: type[_Request]) -> Any:
                 "UTF-16 surrogate (an escape \\ud800-\\udfff without its pair), which is not text",
                 param=path[0] if path else None,
             )
+    if isinstance(data, dict):
+        for name, no_op in UNSUPPORTED.items():
+            if name in data and not any(data[name] == v and type(data[name]) is type(v)
+                                        for v in no_op):
+                raise APIError(400, f"{name} is not supported by this server (specllama "
+                               "serve); leave it out", param=name, code="unsupported_parameter")
     try:
         return kind.model_validate(data)
     except ValidationError as exc:

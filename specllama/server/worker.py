@@ -237,18 +237,22 @@ class Worker:
                 self.totals.cancelled += 1
             return
         decoder, work = self.decoder, job.work
-        stream = decoder.stream(
-            work.tokens,
-            max_tokens=work.max_tokens,
-            sampling=work.sampling,
-            draft_max=self.draft_max,
-            draft_mode=self.draft_mode,  # type: ignore[arg-type]
-            stop=work.stop,
-            keep_cache=True,
-        )
         failed: Exception | None = None
         finished = False
+        stream = None
         try:
+            # Inside the try: arguments refused here must fail this job, not the thread.
+            stream = decoder.stream(
+                work.tokens,
+                max_tokens=work.max_tokens,
+                sampling=work.sampling,
+                draft_max=self.draft_max,
+                draft_mode=self.draft_mode,  # type: ignore[arg-type]
+                stop=work.stop,
+                keep_cache=True,
+                constraint=work.constraint,
+                logprobs=work.logprobs,
+            )
             for event in stream:
                 if job.cancelled:
                     break
@@ -258,8 +262,9 @@ class Worker:
             failed = exc
             job.put(Failure(exc))
         finally:
-            stream.close()  # GeneratorExit in the engine: caches back to a committed prefix
-        result = stream.result  # however it ended (None: closed before it began)
+            if stream is not None:  # GeneratorExit in the engine: caches back to a prefix
+                stream.close()
+        result = stream.result if stream is not None else None  # None: it never began
         if result is not None and not finished and failed is None:
             job.put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
