@@ -194,12 +194,16 @@ def sampling_flags(temp: float) -> list[str]:
 
 
 def speculative_once(exe: Path, target: Path, draft: Path, prompt_file: Path, temp: float,
-                     seed: int, n_max: int, p_min: float, args: argparse.Namespace) -> dict:
+                     seed: int, n_max: int, p_min: float, args: argparse.Namespace,
+                     schema: str | None = None) -> dict:
+    """One run; a prompt with a schema runs with `--json-schema` (llama.cpp's grammar on
+    the target's sampler; its drafts are not constrained)."""
     cmd = [str(exe), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
            "-f", str(prompt_file), "-n", str(args.max_tokens), "-c", str(args.n_ctx),
            "-t", str(args.threads), "--spec-draft-threads", str(args.threads), "-s", str(seed),
            "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
-           "--spec-draft-p-min", f"{p_min:g}", *sampling_flags(temp)]
+           "--spec-draft-p-min", f"{p_min:g}", *sampling_flags(temp),
+           *(["--json-schema", schema] if schema else [])]
     return parse_speculative(run(cmd, args.timeout).stderr)
 
 
@@ -217,6 +221,14 @@ def specllama_once(args: argparse.Namespace, prompts_file: Path, temp: float, se
 
 
 # ------------------------------------------------------------------------------ summary
+
+
+def bench_record(p: Any) -> dict[str, Any]:
+    """A prompt as a line of a `specllama bench --prompts` file."""
+    record = {k: v for k, v in asdict(p).items() if k != "schema"}
+    if p.schema is not None:
+        record["schema"] = json.loads(p.schema)
+    return record
 
 
 def geomean(xs: list[float]) -> float:
@@ -325,7 +337,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="specllama-vs-llamacpp-") as tmp:
         work = Path(tmp)
         prompts_file = work / "prompts.jsonl"
-        prompts_file.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts))
+        prompts_file.write_text("".join(json.dumps(bench_record(p)) + "\n" for p in prompts))
+        schemas = {p.id: p.schema for p in prompts}
         files = {}
         for pid, (text, n_tokens) in llamacpp_prompts(target, prompts, args.n_ctx).items():
             files[pid] = (work / f"{pid}.txt", n_tokens)
@@ -341,7 +354,8 @@ def main() -> None:
                     path, n_tokens = files[pid]
                     for n_max, p_min in settings[shift:] + settings[:shift]:
                         r = speculative_once(bins["llama-speculative-simple"], target, draft,
-                                             path, temp, seed, n_max, p_min, args)
+                                             path, temp, seed, n_max, p_min, args,
+                                             schemas[pid])
                         if r["prompt_tokens"] != n_tokens:
                             sys.exit(f"{pid}: llama.cpp saw {r['prompt_tokens']} prompt tokens, "
                                      f"specllama {n_tokens}")

@@ -99,7 +99,7 @@ def request(port: int, path: str, body: dict[str, Any] | None, timeout: float,
 class Server:
     """One contender's process, from start to a clean stop."""
 
-    def __init__(self, c: Contender, timeout: float) -> None:
+    def __init__(self, c: Contender, timeout: float, logs: Path | None = None) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([*c.argv, c.port_flag, str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -120,9 +120,10 @@ class Server:
             time.sleep(0.25)
         _, models, _ = request(self.port, "/v1/models", None, 5)
         self.model = str(models["data"][0]["id"])
-        # The pipe is not read while serving: a chatty server must not block on it.
-        self._drain = subprocess.Popen(["cat"], stdin=self.proc.stderr,
-                                       stdout=subprocess.DEVNULL)
+        # The pipe is not read here while serving: a chatty server must not block on it.
+        log = open(logs / f"{c.name.replace(' ', '_').replace('/', '_')}.log", "wb") \
+            if logs else subprocess.DEVNULL
+        self._drain = subprocess.Popen(["cat"], stdin=self.proc.stderr, stdout=log)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -224,7 +225,7 @@ def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -
     servers: dict[str, Server] = {}
     try:
         for c in cs:
-            server = servers[c.name] = Server(c, args.timeout)
+            server = servers[c.name] = Server(c, args.timeout, args.logs)
             status, answer, _ = request(server.port, "/v1/chat/completions",
                                         body(server.model, prompts[0].prompt, 0.0, 0, 8, False),
                                         args.timeout)
@@ -338,7 +339,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request/start")
     parser.add_argument("--json", type=Path, help="write every raw figure as JSON")
+    parser.add_argument("--logs", type=Path, help="keep each server's log in this folder")
     args = parser.parse_args()
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
 
     from specllama.cli.bench.prompts import builtin_prompts, load_prompts
 
