@@ -503,6 +503,23 @@ def test_a_generation_refused_before_it_begins_fails_that_request_only(tiny_targ
         decoder.close()
 
 
+def test_the_cost_measurement_runs_on_the_decoding_thread(tiny_target):
+    """llama.cpp's OpenMP keeps a team of threads per thread that ever decoded: once the
+    main thread had measured auto's costs, the worker's decodes ran at 0.6x (0.33x for
+    a whole server), so `prepare` (the measurement) runs on the worker's thread, and
+    start() returns only once it has."""
+    decoder = SpeculativeDecoder.load(tiny_target, n_ctx=128, n_threads=1)
+    seen: list[int] = []
+    worker = Worker(decoder, max_waiting=1, draft_max=0, draft_mode="lookup",
+                    prepare=lambda: (time.sleep(0.2), seen.append(threading.get_ident())))
+    try:
+        worker.start()
+        assert seen == [worker._thread.ident]
+    finally:
+        worker.close()
+        decoder.close()
+
+
 # ------------------------------------------------------------------------- the command
 
 

@@ -234,8 +234,11 @@ def choose_models(run: RunOptions, progress: Callable[[str], None]) -> ModelChoi
     return ModelChoice(target, draft, pair, str(draft) if draft else "lookup")
 
 
-def open_decoder(run: RunOptions, console: Console) -> tuple[SpeculativeDecoder, RunSettings]:
-    """Resolve models and settings, load both models with a spinner."""
+def open_decoder(run: RunOptions, console: Console, *,
+                 calibrate: bool = True) -> tuple[SpeculativeDecoder, RunSettings]:
+    """Resolve models and settings, load both models with a spinner, and measure auto's
+    decode costs unless `calibrate` is False (serve measures them on the thread that
+    decodes: see server/worker.py)."""
     def progress(message: str) -> None:
         console.print(f"[dim]{message}[/dim]")
 
@@ -265,7 +268,7 @@ def open_decoder(run: RunOptions, console: Console) -> tuple[SpeculativeDecoder,
         )
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)
-        if merged.draft_max == "auto" or run.recalibrate:
+        if calibrate and (merged.draft_max == "auto" or run.recalibrate):
             # Here rather than at the first round, so the time shows as loading.
             why = AutoState.measuring(decoder, refresh=run.recalibrate)
             if why:

@@ -8,6 +8,7 @@ import click
 from rich.markup import escape
 
 from .. import server
+from ..policy import AutoState
 from .options import RunOptions, model_options, open_decoder, run_options, sampling_options
 from .ui import stats_table, stderr_console
 
@@ -33,7 +34,7 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
                   "--api-key: anyone who can reach this machine can use it")
     # Bind before loading: a taken port fails in a second, not after the models load.
     sock = server.listen(host, port)
-    decoder, settings = open_decoder(run, err)
+    decoder, settings = open_decoder(run, err, calibrate=False)
     try:
         model_id = settings.pair or Path(settings.target).stem
         config = server.ServeConfig(
@@ -47,8 +48,15 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
         )
+        def measure() -> None:
+            if settings.draft_max == "auto" or run.recalibrate:
+                why = AutoState.measuring(decoder, refresh=run.recalibrate)
+                if why:
+                    err.print(why, style="dim", markup=False)
+                AutoState.for_decoder(decoder, refresh=run.recalibrate)
+
         totals = server.serve(
-            decoder, config, sock,
+            decoder, config, sock, prepare=measure,
             on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
                                            markup=False),
             log=lambda line: err.print(line, markup=False, style="dim"),

@@ -91,14 +91,17 @@ def serve(
     *,
     on_ready: Callable[[str], None],
     log: Callable[[str], None],
+    prepare: Callable[[], None] | None = None,
 ) -> Totals:
-    """Serve until a signal; returns what was served. `sock` comes from `listen`."""
+    """Serve until a signal; returns what was served. `sock` comes from `listen`;
+    `prepare` runs first on the decoding thread (auto's cost measurement)."""
     worker = Worker(
         decoder,
         max_waiting=config.max_waiting,
         draft_max=config.draft_max,
         draft_mode=config.draft_mode,
         log=log,
+        prepare=prepare,
     )
     app = create_app(worker, config, log)
     server = _Server(
@@ -112,7 +115,7 @@ def serve(
         worker,
         lambda: on_ready(url_of(sock)),
     )
-    worker.start()
+    worker.start()  # returns once `prepare` has run
     try:
         server.run(sockets=[sock])
     finally:

@@ -144,8 +144,11 @@ class Worker:
         draft_max: int | str,
         draft_mode: str,
         log: Callable[[str], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self.decoder = decoder
+        self._prepare = prepare
+        self._prepared = threading.Event()
         self.draft_max = draft_max
         self.draft_mode = draft_mode
         self.totals = Totals()
@@ -163,7 +166,9 @@ class Worker:
 
     # ------------------------------------------------------------ event-loop side
     def start(self) -> None:
+        """Start the decoding thread; returns once it has run `prepare`."""
         self._thread.start()
+        self._prepared.wait()
 
     @property
     def waiting(self) -> int:
@@ -209,6 +214,16 @@ class Worker:
 
     # ------------------------------------------------------------ worker thread
     def _run(self) -> None:
+        # Every llama.cpp decode of the process happens on this thread, `prepare`'s too:
+        # llama.cpp's OpenMP keeps a team of threads per thread that ever decoded, and
+        # decodes here ran at 0.6x (2 cores) once the main thread had decoded as well.
+        try:
+            if self._prepare is not None:
+                self._prepare()
+        except Exception as exc:  # measured again at the first request; never fatal here
+            self._log(f"measuring decode costs failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._prepared.set()
         while True:
             job = self._jobs.get()
             if job is None:
