@@ -268,12 +268,8 @@ def open_decoder(run: RunOptions, console: Console, *,
         )
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)
-        if calibrate and (merged.draft_max == "auto" or run.recalibrate):
-            # Here rather than at the first round, so the time shows as loading.
-            why = AutoState.measuring(decoder, refresh=run.recalibrate)
-            if why:
-                say(why)
-            AutoState.for_decoder(decoder, refresh=run.recalibrate)
+        if calibrate:  # here rather than at the first round: the time shows as loading
+            measure_costs(decoder, merged.draft_max, run.recalibrate, say)
     if decoder.n_ctx != merged.n_ctx:
         # llama.cpp rounds the context up (to a multiple of 256): say so, not silently.
         console.print(f"note: the context window is {decoder.n_ctx} tokens, not "
@@ -285,6 +281,16 @@ def open_decoder(run: RunOptions, console: Console, *,
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
                            target=str(choice.target), draft=choice.draft_label)
     return decoder, settings
+
+
+def measure_costs(decoder: SpeculativeDecoder, draft_max: int | str, recalibrate: bool,
+                  say: Callable[[str], None]) -> None:
+    """auto's decode costs, measured now unless cached (`say` tells what it measures)."""
+    if draft_max == "auto" or recalibrate:
+        why = AutoState.measuring(decoder, refresh=recalibrate)
+        if why:
+            say(why)
+        AutoState.for_decoder(decoder, refresh=recalibrate)
 
 
 def _choose_threads(decoder: SpeculativeDecoder, meter: CpuMeter, t0: float,

@@ -8,8 +8,14 @@ import click
 from rich.markup import escape
 
 from .. import server
-from ..policy import AutoState
-from .options import RunOptions, model_options, open_decoder, run_options, sampling_options
+from .options import (
+    RunOptions,
+    measure_costs,
+    model_options,
+    open_decoder,
+    run_options,
+    sampling_options,
+)
 from .ui import stats_table, stderr_console
 
 
@@ -48,12 +54,9 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
         )
-        def measure() -> None:
-            if settings.draft_max == "auto" or run.recalibrate:
-                why = AutoState.measuring(decoder, refresh=run.recalibrate)
-                if why:
-                    err.print(why, style="dim", markup=False)
-                AutoState.for_decoder(decoder, refresh=run.recalibrate)
+        def measure() -> None:  # on the thread that decodes (server/worker.py)
+            measure_costs(decoder, settings.draft_max, run.recalibrate,
+                          lambda why: err.print(why, style="dim", markup=False))
 
         totals = server.serve(
             decoder, config, sock, prepare=measure,

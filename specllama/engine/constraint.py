@@ -17,6 +17,7 @@ as deterministic proposals (q all on them), so they cost verification, never dra
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -142,8 +143,6 @@ class Constraint:
         position for `row_mask`."""
         if len(self._masks) > self._chain:
             return self._masks[self._chain]
-        import time
-
         t0 = time.perf_counter()
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         mask = np.unpackbits(bits, bitorder="little")[: self.n_vocab].astype(bool)
