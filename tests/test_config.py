@@ -305,7 +305,8 @@ DEFAULTS_ERRORS = [
     (
         "temprature = 0.5",
         "temprature: unknown key (did you mean 'temperature'? expected one of: n_ctx, threads, "
-        "draft_max, temperature, top_k, top_p, min_p, max_tokens, seed, p_min)",
+        "corpus, draft_cache, draft_max, temperature, top_k, top_p, min_p, max_tokens, seed, "
+        "p_min)",
     ),
 ]
 

@@ -184,22 +184,25 @@ CHAIN_BASES = ["the cat sat on the", "The quick brown fox", "Once upon a time", 
                "I see the dog", "a b c d", "one of the two", "this is it"]
 
 
-def lookup_chain_prompt(dec: SpeculativeDecoder, probe: Model, params: SamplingParams):
-    """base + its greedy continuation + a separator + base again: after it, lookup finds
-    the earlier base and proposes three tokens of the continuation. Of the candidates, the
-    one whose three proposals the target finds likeliest in turn (each in (0.1, 0.95), so
-    acceptance and rejection both happen at every draft position)."""
+def lookup_chain_parts(dec: SpeculativeDecoder, probe: Model, params: SamplingParams):
+    """(base, continuation, separator): after base + its greedy continuation + the
+    separator + base again, lookup finds the earlier base and proposes three tokens of
+    the continuation. Of the candidates, the one whose three proposals the target finds
+    likeliest in turn (each in (0.1, 0.95), so acceptance and rejection both happen at
+    every draft position)."""
     from specllama.engine.lookup import NgramIndex
 
     greedy = SamplingParams(temperature=0.0)
     best, best_score = None, 0.0
     for text in CHAIN_BASES:
         base = dec.tokenize(text)
-        cont = dec.generate(base, max_tokens=4, sampling=greedy, draft_max=0).tokens
+        cont = dec.generate(base, max_tokens=4, sampling=greedy, draft_max=0,
+                            suffix_cache=False).tokens
         if len(cont) < 4 or any(probe.is_eog(t) for t in cont):
             continue
         for sep in (" and", " the", " of", " I"):
-            prompt = base + cont + dec.tokenize(sep)[1:] + base[1:]
+            sep_tokens = dec.tokenize(sep)[1:]
+            prompt = base + cont + sep_tokens + base[1:]
             index = NgramIndex()
             index.extend(prompt)
             drafts = index.propose(3)
@@ -215,9 +218,15 @@ def lookup_chain_prompt(dec: SpeculativeDecoder, probe: Model, params: SamplingP
             probe.clear()
             score = min(chance)
             if max(chance) < 0.95 and score > max(best_score, 0.1):
-                best, best_score = prompt, score
+                best, best_score = (base, cont, sep_tokens), score
     assert best is not None, "no base gives lookup chains both accepted and rejected"
+    dec.suffix_cache.forget_session()
     return best
+
+
+def lookup_chain_prompt(dec: SpeculativeDecoder, probe: Model, params: SamplingParams):
+    base, cont, sep = lookup_chain_parts(dec, probe, params)
+    return base + cont + sep + base[1:]
 
 
 CHAIN_CASES = {
@@ -298,6 +307,62 @@ def test_the_chain_test_rejects_a_wrong_rule(chain_setup, monkeypatch, name, wro
     for key in counts:
         exact.setdefault(key, 1e-12)
     assert goodness_of_fit(counts, exact) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def cache_setup(tiny_target, tiny_draft):
+    """Lookups from the suffix cache alone: the base and its continuation are a corpus
+    document, the prompt only ends with the base; the cache keeps that document alone
+    (the runs' own outputs are not remembered), so every draft comes from it."""
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
+                                  draft_mode="lookup")
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
+    base, cont, sep = lookup_chain_parts(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
+    dec.suffix_cache.corpus.add(base + cont, "corpus")
+    dec.suffix_cache.remember = lambda *args: None  # type: ignore[method-assign]
+    yield dec, probe, base[:1] + sep + base[1:]
+    probe.close()
+    dec.close()
+
+
+CACHE_CASES = {"cache drafts, top-k 3": ("lookup", SamplingParams(temperature=1.0, top_k=3)),
+               "cache and model drafts, top-k 3": (
+                   "hybrid", SamplingParams(temperature=1.0, top_k=3))}
+
+
+@pytest.mark.parametrize("name", list(CACHE_CASES))
+def test_suffix_cache_chains_follow_the_target_distribution(cache_setup, name):
+    dec, probe, prompt = cache_setup
+    mode, params = CACHE_CASES[name]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    first = dec.generate(prompt, max_tokens=4, draft_max=3, draft_mode=mode, sampling=params)
+    assert first.stats.origin_drafted["corpus"] == 3
+    counts, drafted_at, accepted_at = empirical_joint(
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+    )
+    assert drafted_at[2] > CHAIN_RUNS // 4 and accepted_at[2] > 50, (drafted_at, accepted_at)
+    assert goodness_of_fit(counts, exact) > 1e-3
+
+
+def test_the_suffix_cache_chain_test_rejects_a_wrong_rule(cache_setup, monkeypatch):
+    dec, probe, prompt = cache_setup
+    mode, params = CACHE_CASES["cache drafts, top-k 3"]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    monkeypatch.setattr("specllama.engine.sampling.residual", lambda p, q, token: p)
+    counts, _, _ = empirical_joint(
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+    )
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    assert goodness_of_fit(counts, exact) < 1e-6
+
+
+def test_greedy_with_the_suffix_cache_equals_the_target_alone(cache_setup):
+    dec, _, prompt = cache_setup
+    greedy = SamplingParams(temperature=0.0)
+    alone = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=0)
+    cached = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=3)
+    assert cached.tokens == alone.tokens and cached.stats.origin_drafted.get("corpus", 0) > 0
 
 
 # ------------------------------------------------- vocabularies that differ at the end

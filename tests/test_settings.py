@@ -1,6 +1,7 @@
 """The one settings table: the README, the flags, the API and SamplingParams agree with it."""
 
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,18 @@ def test_models_toml_and_set_take_the_table_settings():
 def test_every_setting_reaches_models_toml_and_the_run_settings(tmp_path):
     """A setting added to the table alone is taken by [defaults] and kept by RunSettings
     (its flag: test_every_setting_is_a_flag_...; /set: test_chat; --json: test_cli)."""
-    values = {n: 1 if SETTINGS[n].default is None else SETTINGS[n].default
-              for n in FILE_SETTINGS}
+    def sample(s):  # a valid value that is not the default where the default is empty
+        if s.type is tuple:
+            return ("docs",)
+        if s.default is None:
+            return "x" if s.type is str else 1
+        return s.default
+
+    values = {n: sample(SETTINGS[n]) for n in FILE_SETTINGS}
     path = tmp_path / "models.toml"
     path.write_text('[pairs.p]\ntarget = "t.gguf"\ndraft = "d.gguf"\n[pairs.p.defaults]\n'
-                    + "".join(f"{n} = {show(v)}\n" for n, v in values.items()))
+                    + "".join(f"{n} = {json.dumps(list(v)) if isinstance(v, tuple) else show(v)}\n"
+                              for n, v in values.items()))
     defaults = load_config(path).pair("p").defaults
     assert defaults.as_dict() == values
     settings = defaults.over(RunSettings())

@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from ..engine.corpus import read_corpus
 from ..engine.decoder import SpeculativeDecoder
+from ..engine.draftcache import tokenizer_fingerprint
 from ..engine.drafts import DEFAULT_DRAFT_MODE, check_draft_mode
 from ..engine.settings import (
     DRAFT_MAX_WORDS,
@@ -32,6 +34,7 @@ from ..errors import InvalidParameterError
 from ..models.config import Pair, find_and_load_config, source_from_flag
 from ..models.hf import resolve_hf
 from ..models.sources import check_gguf_file, resolve_pair
+from ..paths import cache_dir
 from ..policy import AutoState
 from ..policy.cpumeter import MIN_WALL_S, CpuMeter, cores, threads_for
 from .ui import spinner
@@ -59,7 +62,8 @@ def setting_option(name: str) -> Callable[[F], F]:
     s = SETTINGS[name]
     kind: Any = s.type
     if s.type is tuple:
-        return click.option(s.flag, name, metavar="HOST:PORT", multiple=True, help=s.help)
+        return click.option(s.flag, name, metavar=s.metavar or "HOST:PORT", multiple=True,
+                            help=s.help)
     if s.metavar:
         return click.option(s.flag, *s.aliases, name, metavar=s.metavar, help=s.help)
     if name == "draft_max":
@@ -270,6 +274,7 @@ def open_decoder(run: RunOptions, console: Console, *,
             _choose_threads(decoder, meter, t0, console)
         if calibrate:  # here rather than at the first round: the time shows as loading
             measure_costs(decoder, merged.draft_max, run.recalibrate, say)
+        attach_cache(decoder, merged, say, console)
     if decoder.n_ctx != merged.n_ctx:
         # llama.cpp rounds the context up (to a multiple of 256): say so, not silently.
         console.print(f"note: the context window is {decoder.n_ctx} tokens, not "
@@ -281,6 +286,34 @@ def open_decoder(run: RunOptions, console: Console, *,
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
                            target=str(choice.target), draft=choice.draft_label)
     return decoder, settings
+
+
+def attach_cache(decoder: SpeculativeDecoder, merged: Settings, say: Callable[[str], None],
+                 console: Console) -> None:
+    """--corpus and --draft-cache: what lookups may copy from besides the context. A
+    path that does not exist is an error; a file that cannot be used, a warning."""
+    paths = [Path(p).expanduser() for p in merged.corpus]
+    for path in paths:
+        if not path.exists():
+            raise InvalidParameterError(f"--corpus: {path}: no such file or folder")
+    cache_file = None if merged.draft_cache in (None, "off") else \
+        Path(str(merged.draft_cache)).expanduser()
+    if not paths and cache_file is None:
+        return
+    fingerprint = tokenizer_fingerprint(decoder.target)
+    warnings: list[str] = []
+    if paths:
+        say("reading the corpus (tokenized once, then cached)")
+        target = decoder.target
+        files, warnings = read_corpus(
+            paths, lambda text: target.tokenize(text, add_bos=False, special=False),
+            fingerprint, cache_dir())
+        decoder.suffix_cache.add_corpus(files)
+    if cache_file is not None:
+        warning = decoder.suffix_cache.load(cache_file, fingerprint)
+        warnings += [warning] if warning else []
+    for warning in warnings:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
 def measure_costs(decoder: SpeculativeDecoder, draft_max: int | str, recalibrate: bool,

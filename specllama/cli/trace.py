@@ -92,9 +92,10 @@ class TraceRecorder:
         rest = self._texts.peek(ev.drafted[shown:])  # rejected (or cut short by EOS)
         rejected = rest if ends_with_target else []
         target_text = self._texts.take((ev.token,))[0] if ends_with_target else None
-        chips = [TraceToken(t, s, "accepted", n, i + 1, ev.p[i], ev.q[i])
+        chips = [TraceToken(t, s, "accepted", n, i + 1, ev.p[i], ev.q[i], origin=ev.origin)
                  for i, (t, s) in enumerate(zip(ev.drafted, accepted))]
-        chips += [TraceToken(t, s, "rejected", n, shown + i + 1, ev.p[shown + i], ev.q[shown + i])
+        chips += [TraceToken(t, s, "rejected", n, shown + i + 1, ev.p[shown + i], ev.q[shown + i],
+                             origin=ev.origin)
                   for i, (t, s) in enumerate(zip(ev.drafted[shown:], rejected))]
         if target_text is not None:
             chips.append(TraceToken(ev.token, target_text, "target", n, None,
@@ -103,6 +104,7 @@ class TraceRecorder:
         gen.rounds.append({
             "round": n,
             "source": ev.source,
+            "origin": ev.origin,
             "drafted": list(ev.drafted),
             "drafted_text": accepted + rest,
             "accepted": ev.accepted,

@@ -29,6 +29,7 @@ class TraceToken:
     p: float | None = None  # p_i(d_i) (drafts only; None where never evaluated)
     q: float | None = None  # q_i(d_i)
     target_kind: str | None = None  # correction, bonus or plain (target tokens only)
+    origin: str = ""  # a lookup draft's: where its text was seen (suffixcache.ORIGINS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class PageGeneration:
     chips: Sequence[TraceToken]
 
 _CSS = {"accepted": "accepted", "target": "corrected", "rejected": "rejected"}
+#: A lookup draft's origin, as the legend and a chip's title say it.
+_ORIGIN = {"context": "copied from this context", "session": "copied from an earlier output",
+           "persisted": "copied from the draft cache", "corpus": "copied from the corpus"}
 _TARGET_KIND = {"correction": "correction after a rejection", "bonus": "bonus after a fully "
                 "accepted draft", "plain": "plain step (no draft)"}
 
@@ -55,10 +59,13 @@ def _chip(c: TraceToken) -> dict[str, Any]:
         verdict = "accepted" if c.kind == "accepted" else "rejected"
         title = (f"round {c.round} · draft position {c.position} · {verdict} · "
                  f"{_prob('p', c.p)} · {_prob('q', c.q)}")
+        if c.origin:
+            title += f" · {_ORIGIN.get(c.origin, c.origin)}"
     display = c.text.replace("\n", "↵").replace("\t", "→") or "∅"
     return {
         "kind": _CSS[c.kind],
-        "css": _CSS[c.kind] + ("" if c.text else " empty"),
+        "css": _CSS[c.kind] + ("" if c.text else " empty")
+        + (f" origin-{c.origin}" if c.origin in _ORIGIN else ""),
         "round": c.round,
         "title": title + ("" if c.text else " · no text (e.g. end of generation)"),
         "display": display,
@@ -92,6 +99,8 @@ def render_page(generations: Sequence[PageGeneration], stats: Stats, *,
         tokens_per_step=f"{stats.tokens_per_step:.2f}×" if stats.target_steps else "—",
         generations=[{"label": g.label, "chips": [_chip(c) for c in g.chips]}
                      for g in generations],
+        origins=[(o, _ORIGIN[o]) for o in _ORIGIN
+                 if any(c.origin == o for g in generations for c in g.chips)],
         bars=bars,
         chart_width=20 + 46 * max(len(bars), 1),
         summary=summary,

@@ -110,6 +110,10 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
                       f"({stats.acceptance_rate:.1%}); by position {by_pos}")
     elif not stats.forced:
         table.add_row("drafts", "none (target alone)")
+    if stats.origin_drafted:
+        table.add_row("lookup from", ", ".join(
+            f"{origin} {stats.origin_accepted.get(origin, 0)}/{n}"
+            for origin, n in stats.origin_drafted.items()) + " accepted")
     if stats.forced or stats.mask_s:
         share = stats.mask_s / (stats.generate_s or 1.0)
         table.add_row("constraint", f"{stats.forced_accepted}/{stats.forced} forced tokens "

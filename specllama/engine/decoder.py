@@ -4,14 +4,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from ..errors import ContextOverflowError, InvalidParameterError
 from .compat import check_compatible, check_rewindable
 from .constraint import Constraint, ConstraintSpec
+from .draftcache import DraftCache
 from .drafts import DEFAULT_DRAFT_MODE, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
-from .events import GenerationResult
+from .events import Event, GenerationResult
 from .lengths import DraftMax, make_policy
 from .llama import Model
 from .lookup import HybridDraft, LookupDraft
@@ -28,7 +29,8 @@ DEFAULT_P_MIN: float = default("p_min")
 
 
 def make_strategy(
-    mode: DraftMode, decoder: SpeculativeDecoder, target_p: dict[int, float] | None = None
+    mode: DraftMode, decoder: SpeculativeDecoder, target_p: dict[int, float] | None = None,
+    *, suffix_cache: bool = True, history: bool = True,
 ) -> DraftStrategy | None:
     """The draft strategy for a mode; None means the target decodes alone.
 
@@ -37,18 +39,20 @@ def make_strategy(
     - "hybrid": lookup when the context has a match, the draft model otherwise
       (refused without a draft model, as on the command line).
 
-    target_p: p(token) where the target drew alone (see ModelDraft).
+    target_p: p(token) where the target drew alone (see ModelDraft). suffix_cache: lookups
+    copy from the decoder's cache too (a corpus, and with `history` earlier outputs),
+    not from the context alone.
     """
+    archives = decoder.suffix_cache.archives(history) if suffix_cache else []
     # "model" without a draft model is the target alone: a decoder made without one.
     check_draft_mode(mode, None if mode == "model" else decoder.draft is not None)
     if decoder.draft is None:
-        return LookupDraft() if mode == "lookup" else None
+        return LookupDraft(archives=archives) if mode == "lookup" else None
     model = ModelDraft(decoder.draft, decoder.p_min, target_p)
     if mode == "model":
         return model
-    if mode == "lookup":
-        return LookupDraft()
-    return HybridDraft(LookupDraft(), model)
+    lookup = LookupDraft(archives=archives)
+    return lookup if mode == "lookup" else HybridDraft(lookup, model)
 
 
 class SpeculativeDecoder:
@@ -77,6 +81,8 @@ class SpeculativeDecoder:
         self.default_draft_mode: DraftMode = draft_mode
         # What draft-length policies keep across calls (auto: the measured costs).
         self.policy_state: dict[str, object] = {}
+        # What lookups copy from beyond the context: earlier calls' outputs, a corpus.
+        self.suffix_cache = DraftCache()
 
     @classmethod
     def load(
@@ -110,6 +116,7 @@ class SpeculativeDecoder:
         )
 
     def close(self) -> None:
+        self.suffix_cache.save(force=True)
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -142,12 +149,13 @@ class SpeculativeDecoder:
         draft_mode: DraftMode | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
+        suffix_cache: bool = True,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
                              draft_mode=draft_mode, constraint=constraint,
-                             logprobs=logprobs)
+                             logprobs=logprobs, suffix_cache=suffix_cache)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -165,6 +173,7 @@ class SpeculativeDecoder:
         draft_mode: DraftMode | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
+        suffix_cache: bool = True,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -178,8 +187,12 @@ class SpeculativeDecoder:
         output follows (the target's distribution masked to what it allows; see
         engine/constraint.py); unless draft_max is 0, the tokens it forces are drafted
         for free. logprobs: n keeps each token's log-probability under the target and
-        its n likeliest alternatives in `result.logprobs` (0-20). Bad arguments raise
-        here, before generating.
+        its n likeliest alternatives in `result.logprobs` (0-20). suffix_cache: lookup
+        drafts copy from `self.suffix_cache` too (a corpus, a persisted cache, earlier
+        calls' outputs; not those where a seed is to repeat sampled output: a fixed
+        draft length, a seed and temperature > 0); False: from this call's context
+        alone. Either way the output joins the cache. Bad arguments raise here, before
+        generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
@@ -188,7 +201,12 @@ class SpeculativeDecoder:
                                         f"not {logprobs!r}")
         mode = draft_mode or self.default_draft_mode
         target_p: dict[int, float] = {}  # filled by the round loop, read by ModelDraft
-        strategy = make_strategy(mode, self, target_p)
+        # A seed repeats sampled output for a fixed draft length (README), and only if the
+        # drafts repeat too: then lookups copy from the context and the corpus, which
+        # earlier calls do not change (auto's lengths follow timings: no such promise).
+        history = params.greedy or params.seed is None or not isinstance(draft_max, int)
+        strategy = make_strategy(mode, self, target_p, suffix_cache=suffix_cache,
+                                 history=history)
         if strategy is not None and draft_max != 0:
             check_rewindable(self.target, "target")  # lookup drafts are cut back too
         committed = self.tokenize(prompt)
@@ -209,5 +227,14 @@ class SpeculativeDecoder:
             force=draft_max != 0, logprobs=logprobs,
         )
         stream = GenerationStream()
-        stream._events = generation.run(stream)
+        stream._events = self._remembered(generation, stream)
         return stream
+
+    def _remembered(self, generation: Generation,
+                    stream: GenerationStream) -> Generator[Event, None, None]:
+        """The generation's events; however it ends, its output joins the suffix cache."""
+        try:
+            yield from generation.run(stream)
+        finally:
+            self.suffix_cache.remember(generation.committed, generation.n_prompt)
+            self.suffix_cache.save()

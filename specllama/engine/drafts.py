@@ -45,13 +45,16 @@ class Draft:
     #: Committed tokens before `last` the draft model decoded first, in the same batch
     #: (0 when its cache was up to date; 1 after a fully accepted round).
     caught_up: int = 0
-    #: The draft model's confidence at each drafted token (`sampling.confidence`).
+    #: The draft model's confidence at each drafted token (`sampling.confidence`); for
+    #: a lookup draft, the share of the pooled occurrences that agreed (`Chain.probs`).
     confidences: list[float] = field(default_factory=list)
     #: Rows the draft model read: len(tokens), plus one when it read a row and drew
     #: nothing from it (cut by p_min or by the policy).
     rows: int = 0
     #: Leading tokens a constraint forced (no source drafted them; q all on them).
     forced: int = 0
+    #: Where a lookup draft's text was seen (`suffixcache.ORIGINS`); "" for a model's.
+    origin: str = ""
 
 
 #: (draft row j, the draft model's confidence there) -> what to do: DraftLengthPolicy.extend

@@ -94,6 +94,7 @@ class RoundVerified:
     draft_s: float  # inside the draft model's decode calls this round
     target_s: float  # inside the target's decode call this round
     seconds: float  # wall time of the round
+    origin: str = ""  # where a lookup draft's text was seen (suffixcache.ORIGINS)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ p(d) and resamples a rejection from p with d removed, which is exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,14 +31,14 @@ from ..errors import InvalidParameterError
 from .constraint import Constraint
 from .drafts import ChooseK, Draft, DraftStrategy, Extend, always_more
 from .sampling import SamplingParams
+from .suffixcache import MATCH_MAX, Origin, SuffixArchive
 
 #: Default n-gram lengths searched, longest first. Matches of one or two tokens
 #: are mostly common words and punctuation, whose continuation is a guess that
 #: costs a verification; the shortest match that drafts is 3 tokens long.
 NGRAM_MIN = 3
 NGRAM_MAX = 8
-#: A match found at n_max is measured further back, up to this many tokens.
-MATCH_MAX = 64
+# A match found at n_max is measured further back, up to MATCH_MAX tokens.
 
 
 class NgramIndex:
@@ -65,6 +66,8 @@ class NgramIndex:
         self._match: tuple[int, tuple[int, int] | None] | None = None  # (len, match()) cache
         self.tokens: list[int] = []
         self.tables: list[dict[int, int]] = [{} for _ in range(n_min, n_max + 1)]
+        # Per order, follower c -> the follower of the previous occurrence of its n-gram.
+        self.prev: list[dict[int, int]] = [{} for _ in range(n_min, n_max + 1)]
         self.insertions = 0  # n-gram entries written, ever (tests check the index is incremental)
         self.rebuilds = 0  # times the sequence changed under the index and it started over
 
@@ -74,7 +77,7 @@ class NgramIndex:
     def clear(self) -> None:
         self.tokens = []
         self._match = None
-        for table in self.tables:
+        for table in (*self.tables, *self.prev):
             table.clear()
 
     def extend(self, new: Sequence[int]) -> None:
@@ -86,20 +89,29 @@ class NgramIndex:
         self._index(start, len(self.tokens))
 
     def _index(self, start: int, end: int) -> None:
-        """Register every n-gram whose follower position c lies in [start, end)."""
+        """Register every n-gram whose follower position c lies in [start, end); the
+        occurrence it replaces as the latest is chained behind it (`occurrences`)."""
         toks = self.tokens
-        for n, table in zip(range(self.n_min, self.n_max + 1), self.tables):
+        for n, table, prev in zip(range(self.n_min, self.n_max + 1), self.tables, self.prev):
             first = max(start, n)  # followers c >= n: the n-gram tokens[c-n:c] fits
             if first >= end:
                 continue
-            if end - first <= 16:  # a round's few new tokens: plain loop, least overhead
+            if end - first <= 16:  # a round's few new tokens: the plainest loop is fastest
                 for c in range(first, end):
-                    table[hash(tuple(toks[c - n : c]))] = c
-            else:
-                # A prompt: zip of n shifted slices = the n-grams starting at c - n, in
-                # order; later (more recent) occurrences overwrite earlier ones.
-                grams = zip(*(toks[first - n + j : end - n + j] for j in range(n)))
-                table.update(zip(map(hash, grams), range(first, end)))
+                    key = hash(tuple(toks[c - n : c]))
+                    before = table.get(key)
+                    if before is not None:
+                        prev[c] = before
+                    table[key] = c
+                self.insertions += end - first
+                continue
+            # A prompt: zip of n shifted slices = the n-grams starting at c - n, in order
+            keys = map(hash, zip(*(toks[first - n + j : end - n + j] for j in range(n))))
+            for c, key in zip(range(first, end), keys):
+                before = table.get(key)
+                if before is not None:
+                    prev[c] = before
+                table[key] = c
             self.insertions += end - first
 
     def sync(self, committed: Sequence[int]) -> None:
@@ -143,6 +155,33 @@ class NgramIndex:
         self._match = (L, found)
         return found
 
+    def occurrences(self, n: int, limit: int) -> list[int]:
+        """The followers of the latest (at most `limit`) earlier occurrences of the last
+        n tokens, latest first."""
+        toks = self.tokens
+        L = len(toks)
+        if not self.n_min <= n <= min(self.n_max, L):
+            return []
+        suffix, prev = toks[L - n :], self.prev[n - self.n_min]
+        c = self.tables[n - self.n_min].get(hash(tuple(suffix)))
+        out: list[int] = []
+        while c is not None and len(out) < limit:
+            if toks[c - n : c] == suffix:  # a hash collision is skipped
+                out.append(c)
+            c = prev.get(c)
+        return out
+
+    def continuation(self, c: int, k: int) -> list[int]:
+        """k tokens from follower c: where they run into the end of the text, the
+        period L - c repeats (what the matched text predicts)."""
+        toks = self.tokens
+        L = len(toks)
+        out = toks[c : min(c + k, L)]
+        period = L - c
+        while len(out) < k:  # only when c + k > L: out holds one period, repeat it
+            out.append(out[len(out) - period])
+        return out
+
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the longest matching suffix last time.
 
@@ -155,49 +194,133 @@ class NgramIndex:
         found = self.match()
         if found is None:
             return []
-        c, _ = found
-        toks = self.tokens
-        L = len(toks)
-        out = toks[c : min(c + k, L)]
-        period = L - c
-        while len(out) < k:  # only when c + k > L: out holds one period, repeat it
-            out.append(out[len(out) - period])
-        return out
+        return self.continuation(found[0], k)
+
+
+#: Occurrences pooled at most (the context's latest first, then the archives'): their
+#: continuations' counts give each drafted token its probability.
+POOL = 16
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A lookup continuation: each token with the share of the pooled occurrences that
+    agree with it, given the tokens before it (the cache's own probability), and
+    where the text it was copied from was seen."""
+
+    tokens: list[int]
+    probs: list[float]
+    origin: Origin
+
+
+def likeliest_chain(continuations: Sequence[Sequence[int]], k: int) -> tuple[
+        list[int], list[float], int]:
+    """The likeliest continuation of k tokens at most: at each step the token most of
+    the continuations still agreeing have next (a tie goes to the earliest given), its
+    probability that count over them; and the first continuation agreeing to the end."""
+    if len(continuations) == 1 or all(c == continuations[0] for c in continuations[1:]):
+        first = list(continuations[0][:k]) if continuations else []
+        return first, [1.0] * len(first), 0  # one text copied: the usual case, at once
+    alive = list(range(len(continuations)))
+    tokens: list[int] = []
+    probs: list[float] = []
+    for j in range(k):
+        counts: dict[int, int] = {}
+        for i in alive:
+            seq = continuations[i]
+            if j < len(seq):
+                counts[seq[j]] = counts.get(seq[j], 0) + 1
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)
+        tokens.append(token)
+        probs.append(counts[token] / len(alive))
+        alive = [i for i in alive if j < len(continuations[i]) and continuations[i][j] == token]
+    return tokens, probs, (alive[0] if alive else 0)
 
 
 class LookupDraft:
-    """The prompt-lookup draft strategy: drafts from `NgramIndex`, q = None.
+    """The lookup draft strategy: the context's own n-gram index (`NgramIndex`) and
+    any `SuffixArchive`s (earlier calls, a persisted cache, a corpus), q = None.
 
-    `cap_by_match`: after a match of n tokens draft at most n - n_min + 1 (see the
-    module docstring); False drafts whatever the policy allows.
+    The longest match over all of them sets how far to trust the draft (a match of n
+    tokens drafts at most n - n_min + 1 with `cap_by_match`); the occurrences that
+    match at least that far (up to n_max) are pooled, and the draft is their
+    likeliest common continuation, each token with its share of the pool
+    (`Chain.probs`), which the policy's `extend` may cut at (as a model draft at its
+    confidence).
     """
 
     source = "lookup"
 
     def __init__(
-        self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX, *, cap_by_match: bool = True
+        self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX, *, cap_by_match: bool = True,
+        archives: Sequence[tuple[SuffixArchive, Origin | None]] = (),
     ) -> None:
+        """archives: each with the origin its drafts are counted under (None: each
+        document's own, as the archive recorded it)."""
         self.index = NgramIndex(n_min, n_max)
         self.cap_by_match = cap_by_match
+        self.archives = tuple(archives)
+        self._found: tuple[int, int, list[tuple[int, list[int]]]] | None = None
+
+    def _search(self, committed: Sequence[int]) -> tuple[int, list[tuple[int, list[int]]]]:
+        """(the longest match over all sources, each archive's positions matching at
+        least min(that, n_max)), cached for the committed length."""
+        self.index.sync(committed)
+        L = len(self.index)
+        if self._found is not None and self._found[0] == L:
+            return self._found[1], self._found[2]
+        own = self.index.match()
+        best = own[1] if own is not None else 0
+        hits: list[tuple[int, list[tuple[int, int]]]] = []
+        if self.archives:
+            tail = self.index.tokens[-MATCH_MAX:]
+            for i, (archive, _) in enumerate(self.archives):
+                found = archive.candidates(tail)
+                if found:
+                    best = max(best, max(n for _, n in found))
+                    hits.append((i, found))
+        pooled = min(best, self.index.n_max)
+        archived = [(i, [p for p, n in found if n >= pooled]) for i, found in hits]
+        self._found = (L, best, archived)
+        return best, archived
 
     def has_match(self, committed: Sequence[int]) -> bool:
-        self.index.sync(committed)
-        return self.index.match() is not None
+        return self._search(committed)[0] > 0
 
     def match_length(self) -> int:
         """How many tokens the current match spans (0 without one; after has_match)."""
-        found = self.index.match()
-        return found[1] if found is not None else 0
+        return self._found[1] if self._found is not None else 0
+
+    def chain(self, committed: Sequence[int], k: int) -> Chain | None:
+        """The lookup continuation of `committed` (at most k tokens; None without a match)."""
+        best, archived = self._search(committed)
+        if best == 0 or k <= 0:
+            return None
+        if self.cap_by_match:
+            k = min(k, best - self.index.n_min + 1)
+        ix = self.index
+        pool: list[list[int]] = [ix.continuation(c, k) for c in
+                                 ix.occurrences(min(best, ix.n_max), POOL)]
+        where: list[tuple[int, int]] = [(-1, 0)] * len(pool)
+        for i, positions in archived:
+            for p in positions[: POOL - len(pool)]:
+                pool.append(self.archives[i][0].continuation(p, k))
+                where.append((i, p))
+        tokens, probs, first = likeliest_chain(pool, k)
+        if not tokens:
+            return None
+        i, p = where[first]
+        if i < 0:
+            return Chain(tokens, probs, "context")
+        archive, origin = self.archives[i]
+        archive.touch(p)
+        return Chain(tokens, probs, origin or archive.origin_at(p))
 
     def find(self, committed: Sequence[int], k: int) -> list[int]:
-        """The lookup continuation of `committed` (at most k tokens; [] without a match)."""
-        self.index.sync(committed)
-        found = self.index.match()
-        if found is None:
-            return []
-        if self.cap_by_match:
-            k = min(k, found[1] - self.index.n_min + 1)
-        return self.index.propose(k)
+        chain = self.chain(committed, k)
+        return chain.tokens if chain is not None else []
 
     def propose(
         self,
@@ -210,20 +333,33 @@ class LookupDraft:
     ) -> Draft:
         if not self.has_match(committed):
             return Draft()
-        tokens = self.find(committed, choose_k("lookup", self.match_length()))
-        return _lookup_draft(tokens, constraint)
+        chain = self.chain(committed, choose_k("lookup", self.match_length()))
+        return _lookup_draft(chain, extend, constraint)
 
     def settle(self, committed: list[int]) -> None:
         self.index.sync(committed)
 
 
-def _lookup_draft(tokens: list[int], constraint: Constraint | None) -> Draft:
-    """A lookup continuation, cut where a constraint stops allowing it: a token it
+def _lookup_draft(chain: Chain | None, extend: Extend, constraint: Constraint | None) -> Draft:
+    """A lookup chain, cut where the policy's `extend` says its next token is not worth
+    verifying at its probability, or where a constraint stops allowing it: a token it
     forbids has p = 0, so verifying it would be a step spent for nothing."""
+    if chain is None:
+        return Draft()
+    n = len(chain.tokens)
+    for j, prob in enumerate(chain.probs):
+        step = extend(j, prob)
+        if step != "more":
+            n = j if step == "stop" else j + 1
+            break
+    tokens = chain.tokens[:n]
     if constraint is not None:
         tokens = tokens[: constraint.fits(tokens)]
         constraint.advance(tokens)
-    return Draft(tokens, [None] * len(tokens), "lookup") if tokens else Draft()
+    if not tokens:
+        return Draft()
+    return Draft(tokens, [None] * len(tokens), "lookup", confidences=chain.probs[: len(tokens)],
+                 origin=chain.origin)
 
 
 class HybridDraft:
@@ -258,7 +394,7 @@ class HybridDraft:
         if self.lookup.has_match(committed):
             k = choose_k("lookup", self.lookup.match_length())
             if k > 0:
-                draft = _lookup_draft(self.lookup.find(committed, k), constraint)
+                draft = _lookup_draft(self.lookup.chain(committed, k), extend, constraint)
                 if draft.tokens:
                     return draft
         if self.model is None:

@@ -289,7 +289,8 @@ class Generation:
         draft_s = self._draft_s() - clock.draft_s
         self.stats.record_round(k, m, len(done.tokens), seconds=seconds,
                                 own_s=seconds - target_s - draft_s, forced=f,
-                                forced_accepted=min(f, seen.verdict.accepted))
+                                forced_accepted=min(f, seen.verdict.accepted),
+                                origin=draft.origin)
         self.policy.observe(RoundOutcome(
             k=k,
             accepted=m,
@@ -327,6 +328,7 @@ class Generation:
             p=seen.p,
             q=seen.q,
             source=draft.source,
+            origin=draft.origin,
             draft_s=self._draft_s() - clock.draft_s,
             target_s=self.target.decode_s - clock.target_s,
             seconds=time.perf_counter() - clock.wall,

@@ -118,6 +118,15 @@ def _check_rpc(value: Any) -> tuple[Any, str | None]:
     return tuple(v.strip() for v in value), None
 
 
+def _check_paths(value: Any) -> tuple[Any, str | None]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, str) and v.strip() for v in value):
+        return value, f"must be file or folder names, {got(value)}"
+    return tuple(v.strip() for v in value), None
+
+
 def _text(value: Any) -> tuple[Any, str | None]:
     if value is None:
         return None, None
@@ -197,6 +206,12 @@ class Settings:
     rpc: tuple[str, ...] = _row((), tuple, "Run the target on this llama.cpp RPC server "
                                 "(HOST:PORT; repeat to split it over several); the draft "
                                 "stays local.", _check_rpc, in_file=False, at_load=True)
+    corpus: tuple[str, ...] = _row((), tuple, "Files or folders of UTF-8 text that lookup "
+                                   "drafts may copy from (repeat for more; tokenized once "
+                                   "and cached).", _check_paths, at_load=True, metavar="PATH")
+    draft_cache: str | None = _row(
+        None, str, "Keep what is generated in this file and draft from it in later runs "
+        "(opt-in: it holds your text; 'off': none).", _text, at_load=True, metavar="FILE|off")
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)

@@ -18,6 +18,10 @@ class Stats:
     forced: int = 0
     forced_accepted: int = 0
     mask_s: float = 0.0  # time computing a constraint's token masks
+    # Lookup drafts by where their text was seen (suffixcache.ORIGINS): tokens drafted
+    # and accepted.
+    origin_drafted: dict[str, int] = field(default_factory=dict)
+    origin_accepted: dict[str, int] = field(default_factory=dict)
     # At draft position i+1: drafts proposed, reached (every earlier draft accepted),
     # and accepted. accepted_at / reached_at is the conditional acceptance rate there.
     drafted_at: list[int] = field(default_factory=list)
@@ -40,10 +44,12 @@ class Stats:
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
     def record_round(self, k: int, m: int, emitted: int, *, seconds: float = 0.0,
-                     own_s: float = 0.0, forced: int = 0, forced_accepted: int = 0) -> None:
+                     own_s: float = 0.0, forced: int = 0, forced_accepted: int = 0,
+                     origin: str = "") -> None:
         """A round that drafted k tokens after `forced` ones a constraint forced, m and
         `forced_accepted` of them accepted, and put `emitted` into the output; it took
-        `seconds`, `own_s` of them outside llama.cpp's decodes."""
+        `seconds`, `own_s` of them outside llama.cpp's decodes; `origin`: where a lookup
+        draft's text was seen."""
         self.target_steps += 1
         self.rounds_s += seconds
         self.forced += forced
@@ -54,6 +60,9 @@ class Stats:
         self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
         self.drafted += k
         self.accepted += m
+        if origin and k:
+            self.origin_drafted[origin] = self.origin_drafted.get(origin, 0) + k
+            self.origin_accepted[origin] = self.origin_accepted.get(origin, 0) + m
         self.tokens += emitted
         self._grow(k)
         for i in range(k):
@@ -130,3 +139,7 @@ class Stats:
             self.accepted_at[i] += a
         for k, n in other.draft_lengths.items():
             self.draft_lengths[k] = self.draft_lengths.get(k, 0) + n
+        for mine, theirs in ((self.origin_drafted, other.origin_drafted),
+                             (self.origin_accepted, other.origin_accepted)):
+            for origin, n in theirs.items():
+                mine[origin] = mine.get(origin, 0) + n

@@ -70,6 +70,7 @@ class AutoDraftLength:
     # beat, and the chance that every token drafted so far is accepted.
     _rate: float = 0.0
     _reach: float = 1.0
+    _extending: str = "model"  # the source (key) of the draft `extend` is asked about
 
     @property
     def tuning(self) -> AutoTuning:
@@ -89,6 +90,8 @@ class AutoDraftLength:
             src.decision = None
             src.drafting = False
         state.confidence.forget(keep)
+        for known in state.lookup_confidence.values():
+            known.forget(keep)
         return cls(state)
 
     def _margin(self) -> float:
@@ -145,11 +148,12 @@ class AutoDraftLength:
             k = self._probe(src, tally)
         if k > 0:
             tally.drafted += 1
+            # The rule of `extend` ends the draft (a probe's too, at probe_k); the rate
+            # its tokens must beat is what drafting is expected to give, at least the
+            # target alone's.
+            self._rate = max(1.0, decision.speedup) / src.costs.round_s(0)
+            self._extending = source
             if source == "model":
-                # The rule of `extend` ends the draft (a probe's too, at probe_k); the rate
-                # its tokens must beat is what drafting is expected to give, at least the
-                # target alone's.
-                self._rate = max(1.0, decision.speedup) / src.costs.round_s(0)
                 if decision.k > 0 and t.stop_rule_cap > 0:
                     k = max(k, min(t.stop_rule_cap, self.state.k_max))
         self._chosen[source] = k
@@ -191,22 +195,31 @@ class AutoDraftLength:
         """Draw token j if what it adds, the chance it is accepted with all before it,
         pays for verifying one more token at the rate drafting gives; read the next
         row if a token of average acceptance there would pay for the draft step too.
+        `confidence`: the draft model's top probability, or for a lookup draft its
+        share of agreeing occurrences (learnt apart: `AutoState.confidence_of`).
 
-        The first token is always drawn: drafting was decided on its acceptance, which
-        thus stays measured on every round (a round cut before it would teach nothing,
-        and its draft step and wake-up are paid already)."""
-        known, cap = self.state.confidence, self.tuning.stop_rule_cap
+        A model draft's first token is always drawn: drafting was decided on its
+        acceptance, which thus stays measured on every round (a round cut before it
+        would teach nothing, and its draft step and wake-up are paid already). A lookup's
+        first token is judged like the others: its probability is known before anything
+        is paid, and where it says no, hybrid drafting asks the draft model instead."""
+        model = self._extending == "model"
+        known, cap = self.state.confidence_of(self._extending), self.tuning.stop_rule_cap
         accept = known.rate(confidence)
-        known.read(accept)
+        if model:
+            known.read(accept)
         if cap <= 0:
             return "more"  # no stop rule: the draft runs to the k chosen
         if j == 0:
             self._reach = 1.0
-        costs = self.state.costs("model")
+        costs = self.state.costs(self._extending)
         t, per_draft = costs.target, costs.overhead_per_draft
-        if j > 0 and self._reach * accept < self._rate * (t[j + 1] - t[j] + per_draft):
+        if (j > 0 or not model) and \
+                self._reach * accept < self._rate * (t[j + 1] - t[j] + per_draft):
             return "stop"
         self._reach *= accept
+        if not model:
+            return "more"  # a lookup's next token costs no draft step: judged on its own
         # Going on pays if some number of further tokens, each of average acceptance,
         # is worth its draft steps and verification at that rate.
         gain, cost, run = 0.0, 0.0, self._reach
@@ -235,7 +248,7 @@ class AutoDraftLength:
         source = self._key_of.get(outcome.source, outcome.source)
         self._key_of.clear()
         self._rounds += 1
-        self._expect(outcome, self.state.source(source))
+        self._expect(outcome, source)
         self._behind = outcome.draft_behind
         self.state.learn_costs(outcome)
         if outcome.shadow and self.tuning.shadow:
@@ -258,7 +271,7 @@ class AutoDraftLength:
         tally.k_sum += k
         tally.accepted_sum += m
         if outcome.confidences:
-            self.state.confidence.observe(outcome.confidences, m)
+            self.state.confidence_of(source).observe(outcome.confidences, m)
         # A draft cut short, by the draft model's confidence cutoff (p_min) or where a
         # lookup match ends, says nothing of the tokens it did not propose: counting the
         # cut as a rejection made auto draft too short.
@@ -267,9 +280,10 @@ class AutoDraftLength:
         src.acceptance.observe(reached, m)
         src.decision = None
 
-    def _expect(self, outcome: RoundOutcome, expected: SourceState) -> None:
+    def _expect(self, outcome: RoundOutcome, source: str) -> None:
         """Add what the cost model expected of this round to the call's prediction."""
-        known = self.state.confidence
+        expected = self.state.source(source)
+        known = self.state.confidence_of(source)
         if outcome.confidences and known.evidence >= self.tuning.confidence_evidence:
             # What the draft model's confidence at each token said: the stop rule keeps
             # the sure tokens, which the acceptance per position does not know.

@@ -61,7 +61,11 @@ class AutoState:
             )
             for src in SOURCES
         }
+        # P(accepted | confidence): the draft model's top probability, and apart, per
+        # lookup source, a lookup's share of agreeing occurrences (engine.lookup.Chain).
         self.confidence = ConfidenceAcceptance(t)
+        self.lookup_confidence = {src: ConfidenceAcceptance(t) for src in SOURCES
+                                  if src != "model"}
         self.calibration = calibration or {}
 
     def learn_costs(self, outcome: RoundOutcome) -> None:
@@ -115,6 +119,9 @@ class AutoState:
             catch_up = draft.curve.per_extra_token()
         return cls(target.curve, draft_step, calibration=info, tuning=tuning,
                    catch_up_s=catch_up)
+
+    def confidence_of(self, source: str) -> ConfidenceAcceptance:
+        return self.lookup_confidence.get(source, self.confidence)
 
     def source(self, name: str) -> SourceState:
         return self.sources[name if name in self.sources else "model"]

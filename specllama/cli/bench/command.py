@@ -21,7 +21,7 @@ from ..options import (
     setting_option,
 )
 from ..ui import stderr_console
-from .prompts import DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
+from .prompts import BUILTIN_SETS, DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
 from .report import (
     describe_environment,
     predicted_line,
@@ -38,11 +38,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _bench_options(f: F) -> F:
     decorators: list[Callable[[F], F]] = [
         model_options,
-        click.option("--prompts", "prompts_path", metavar="FILE|bench|copy|json",
+        click.option("--prompts", "prompts_path", metavar="FILE|NAME",
                      help="Your prompts: one per line, or JSONL with a 'prompt' field (and "
-                          "an optional 'schema'); or a built-in set by name."),
+                          "an optional 'schema'); or a built-in set by name: "
+                          + ", ".join(BUILTIN_SETS) + "."),
         click.option("--modes", default=DEFAULT_MODES, show_default=True, metavar="LIST",
-                     help="Comma-separated: target, auto, heuristic, draft lengths (1,2,4...)."),
+                     help="Comma-separated: target, auto, context (auto drafting from each "
+                          "call's own context alone), heuristic, draft lengths (1,2,4...)."),
         click.option("--reps", type=click.IntRange(1), default=DEFAULT_REPS, show_default=True,
                      help="Repetitions of each prompt and mode (interleaved)."),
         click.option("--max-tokens", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
@@ -55,6 +57,10 @@ def _bench_options(f: F) -> F:
         setting_option("draft_mode"),
         *(setting_option(name) for name in ("json_schema", "grammar", "regex")),
         click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
+        click.option("--carry", is_flag=True,
+                     help="Run the prompts in order as one sequence of requests per mode and "
+                          "repetition, each drafting from the outputs before it (without: "
+                          "every run starts with none)."),
         click.option("--warmup/--no-warmup", default=True, show_default=True,
                      help="Short untimed runs first: one per mode, then one per prompt."),
         click.option("--max-foreign", type=click.FloatRange(0.0, 1.0),
@@ -76,7 +82,7 @@ def _bench_options(f: F) -> F:
 @_bench_options
 @run_options
 def bench_command(run: RunOptions, prompts_path: str | None, modes: str, reps: int, raw: bool,
-                  warmup: bool, max_foreign: float, json_path: str | None,
+                  carry: bool, warmup: bool, max_foreign: float, json_path: str | None,
                   plot_path: str | None) -> None:
     """Benchmark the target alone, fixed draft lengths and auto, side by side.
 
@@ -110,7 +116,7 @@ def bench_command(run: RunOptions, prompts_path: str | None, modes: str, reps: i
             decoder, prompts, mode_list,
             reps=reps, max_tokens=settings.max_tokens, sampling=settings.sampling,
             draft_mode=settings.draft_mode, warmup=warmup, raw=raw,
-            constraint=settings.constraint,
+            constraint=settings.constraint, carry=carry,
             progress=progress, max_foreign=max_foreign,
         )
     finally:

@@ -78,7 +78,7 @@ def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
 #: The shipped sets, by the name --prompts takes: the default mix (chat, code,
 #: summarizing and rewriting a given text), text to copy with changes (lookup's ground),
 #: and JSON that follows a schema given with each prompt (extraction, a tool call, ...).
-BUILTIN_SETS = ("bench", "copy", "json")
+BUILTIN_SETS = ("bench", "copy", "json", "requests", "edits", "completions")
 
 
 def builtin_prompts(name: str = "bench") -> list[BenchPrompt]:
@@ -102,8 +102,11 @@ def load_prompts(path: str | os.PathLike[str]) -> list[BenchPrompt]:
 
 @dataclass(frozen=True)
 class Mode:
-    name: str  # "target", "k=2", "heuristic", "auto"
+    name: str  # "target", "k=2", "heuristic", "auto", "context"
     draft_max: int | str
+    #: Lookups copy from the suffix cache (earlier outputs, a corpus); "context" is auto
+    #: with lookups over each call's own context only (as before the cache).
+    suffix_cache: bool = True
 
     @property
     def fixed_k(self) -> int | None:
@@ -111,7 +114,8 @@ class Mode:
 
 
 def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
-    """'target,1,2,4,auto' (also 'k=2', 'k2', 'heuristic', '0' = target)."""
+    """'target,1,2,4,auto' (also 'k=2', 'k2', 'heuristic', '0' = target, 'context' = auto
+    drafting from each call's context alone, not the suffix cache)."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     modes: list[Mode] = []
     for raw in items:
@@ -122,12 +126,14 @@ def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
             mode = Mode("target", 0)
         elif item in ("auto", "heuristic"):
             mode = Mode(item, item)
+        elif item == "context":
+            mode = Mode(item, "auto", suffix_cache=False)
         else:
             digits = item.removeprefix("k=").removeprefix("k")
             if not digits.isdigit() or not 1 <= int(digits) <= DRAFT_MAX_LIMIT:
                 raise InvalidParameterError(
-                    f"bench mode {raw.strip()!r}: expected 'target', 'auto', 'heuristic' or a "
-                    f"draft length 1..{DRAFT_MAX_LIMIT}"
+                    f"bench mode {raw.strip()!r}: expected 'target', 'auto', 'context', "
+                    f"'heuristic' or a draft length 1..{DRAFT_MAX_LIMIT}"
                 )
             mode = Mode(f"k={int(digits)}", int(digits))
         if mode not in modes:

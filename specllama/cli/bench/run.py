@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -64,9 +64,13 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     max_foreign: float | None = DEFAULT_MAX_FOREIGN,
     constraint: ConstraintSpec | None = None,
+    carry: bool = False,
 ) -> dict[str, Any]:
     """Run every mode on every prompt `reps` times, interleaved; the full report.
-    `constraint` applies to the prompts without a schema of their own."""
+    `constraint` applies to the prompts without a schema of their own. Each run starts
+    with the suffix cache as loaded (this process's earlier outputs forgotten), unless
+    `carry`: then each repetition runs the prompts in order as one sequence of requests
+    per mode, each drafting from the outputs before it."""
     if not isinstance(reps, int) or reps < 1:
         raise InvalidParameterError(f"reps must be an integer >= 1, got {reps!r}")
     if not prompts:
@@ -89,9 +93,11 @@ def run_bench(
     def gen(p: BenchPrompt, mode: Mode, seed: int, n: int):
         params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
                                 top_p=sampling.top_p, min_p=sampling.min_p, seed=seed)
+        if not carry:
+            decoder.suffix_cache.forget_session()
         return decoder.generate(encoded[p.id], max_tokens=n, sampling=params,
                                 draft_max=mode.draft_max, draft_mode=draft_mode,
-                                constraint=constraints[p.id])
+                                constraint=constraints[p.id], suffix_cache=mode.suffix_cache)
 
     if warmup:
         say("warming up")
@@ -102,30 +108,31 @@ def run_bench(
     total = len(prompts) * reps * len(modes)
     meter, whole = CpuMeter(), CpuMeter()
     whole.start()
-    for p in prompts:
-        if warmup:  # untimed: the first run after a prompt change is slower, whatever the mode
+
+    def timed(p: BenchPrompt, mode: Mode, rep: int, slot: int) -> None:
+        meter.start()
+        result = gen(p, mode, seed0 + rep, max_tokens)
+        foreign = meter.stop()
+        s = result.stats
+        runs.append({
+            "prompt": p.id, "mode": mode.name, "draft_max": mode.draft_max,
+            "rep": rep, "slot": slot, "seed": seed0 + rep,
+            "finish_reason": result.finish_reason,
+            "constrained": constraints[p.id] is not None,
+            "foreign_cpu": foreign,
+            **s.to_dict(),
+        })
+        busy = f"; other processes used {foreign:.0%} of the CPU" \
+            if foreign is not None and foreign > 0.05 else ""
+        say(f"[{len(runs)}/{total}] {p.id} rep {rep + 1}/{reps} {mode.name}: "
+            f"{s.tokens_per_s:.1f} tok/s, {s.tokens} tokens{busy}")
+
+    for p, mode, rep, slot, first in schedule(prompts, modes, reps, carry):
+        if first and carry:
+            decoder.suffix_cache.forget_session()  # each sequence starts afresh
+        elif first and warmup:  # untimed: the first run after a prompt change is slower
             gen(p, modes[0], seed0, min(WARMUP_TOKENS, max_tokens))
-        for rep in range(reps):
-            shift = rep % len(modes)
-            order = modes[shift:] + modes[:shift]
-            for slot, mode in enumerate(order):
-                meter.start()
-                result = gen(p, mode, seed0 + rep, max_tokens)
-                foreign = meter.stop()
-                s = result.stats
-                run = {
-                    "prompt": p.id, "mode": mode.name, "draft_max": mode.draft_max,
-                    "rep": rep, "slot": slot, "seed": seed0 + rep,
-                    "finish_reason": result.finish_reason,
-                    "constrained": constraints[p.id] is not None,
-                    "foreign_cpu": foreign,
-                    **s.to_dict(),
-                }
-                runs.append(run)
-                busy = f"; other processes used {foreign:.0%} of the CPU" \
-                    if foreign is not None and foreign > 0.05 else ""
-                say(f"[{len(runs)}/{total}] {p.id} rep {rep + 1}/{reps} {mode.name}: "
-                    f"{s.tokens_per_s:.1f} tok/s, {s.tokens} tokens{busy}")
+        timed(p, mode, rep, slot)
     report = {
         "version": BENCH_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -147,6 +154,7 @@ def run_bench(
             "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
                          "top_p": sampling.top_p, "min_p": sampling.min_p},
             "warmup": warmup,
+            "carry": carry,
             "chat_template": not raw and bool(decoder.target.chat_template()),
         },
         "calibration": calibration,
@@ -157,6 +165,24 @@ def run_bench(
     report["summary"] = summarize(runs, [m.name for m in modes], [p.id for p in prompts], modes,
                                   max_foreign)
     return report
+
+
+def schedule(prompts: Sequence[BenchPrompt], modes: Sequence[Mode], reps: int,
+             carry: bool) -> Iterator[tuple[BenchPrompt, Mode, int, int, bool]]:
+    """(prompt, mode, repetition, slot, first) in the order runs are made, the modes
+    rotated per repetition. Each prompt's repetitions in turn, `first` at a new prompt;
+    with `carry` each repetition runs every prompt in order per mode, `first` at the
+    start of such a sequence."""
+    for rep in range(reps) if carry else ():
+        shift = rep % len(modes)
+        for slot, mode in enumerate([*modes[shift:], *modes[:shift]]):
+            for i, p in enumerate(prompts):
+                yield p, mode, rep, slot, i == 0
+    for p in prompts if not carry else ():
+        for rep in range(reps):
+            shift = rep % len(modes)
+            for slot, mode in enumerate([*modes[shift:], *modes[:shift]]):
+                yield p, mode, rep, slot, rep == 0 and slot == 0
 
 
 def summarize(

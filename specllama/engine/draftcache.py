@@ -1,0 +1,93 @@
+"""What lookup drafts may copy beyond the current context (`--corpus`, `--draft-cache`).
+
+A decoder keeps one `DraftCache` for its life: each call's output joins its history
+(origin "session"), so a chat's later turns and a server's later requests draft from
+the earlier ones; `load` adds a persisted cache (origin "persisted") and `save` writes
+the history back (merged with what other processes wrote meanwhile: `cachefile`);
+`add_corpus` indexes a user's files (origin "corpus"), never evicted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .cachefile import fingerprint, load, save
+from .corpus import CorpusFile
+from .llama import Model
+from .suffixcache import Origin, SuffixArchive
+
+#: The history holds at most this many tokens (about 36 MB indexed; the least recently
+#: used outputs go first), in memory and in the persisted file alike.
+HISTORY_TOKENS = 1_000_000
+#: Each output is remembered with this many prompt tokens before it, so that its start
+#: is found after the same prompt ending (a chat template's assistant header).
+LEAD = 16
+#: The persisted cache is rewritten at most this often (and when the decoder closes).
+SAVE_EVERY_S = 30.0
+
+
+class DraftCache:
+    def __init__(self, max_tokens: int = HISTORY_TOKENS) -> None:
+        self.history = SuffixArchive(max_tokens)
+        self.corpus = SuffixArchive()
+        self.path: Path | None = None
+        self.fingerprint = ""
+        self.warnings: list[str] = []  # what could not be saved, for the caller to show
+        self._unsaved = False
+        self._saved_at: float | None = None
+
+    def archives(self, history: bool = True) -> list[tuple[SuffixArchive, Origin | None]]:
+        """For `LookupDraft` (each document's origin is its own); `history`: the
+        earlier outputs too, not the corpus alone."""
+        return [(a, None) for a in ((self.history, self.corpus) if history else (self.corpus,))
+                if a.n_documents]
+
+    def remember(self, tokens: Sequence[int], n_prompt: int) -> None:
+        """A call's output (`tokens` is prompt + output) joins the history."""
+        if len(tokens) > n_prompt:
+            self.history.add(tokens[max(0, n_prompt - LEAD):], "session")
+            self._unsaved = True
+
+    def add_corpus(self, files: Sequence[CorpusFile]) -> None:
+        for f in files:
+            self.corpus.add(f.tokens, "corpus")
+
+    def load(self, path: Path, fingerprint: str) -> str | None:
+        """Read a persisted cache (written for this tokenizer): the warning for a file
+        that cannot be used (it is rebuilt on the next save), or None."""
+        self.path, self.fingerprint = path, fingerprint
+        stored, warning = load(path, fingerprint)
+        for doc, used in zip(stored.docs, stored.used):
+            self.history.add(doc, "persisted", used)
+        return warning
+
+    def save(self, *, force: bool = False) -> None:
+        """Write the history to the persisted cache, if there is one and something new
+        to write, at most every SAVE_EVERY_S unless `force` (a server's requests would
+        each rewrite the file); a warning goes to `warnings`."""
+        if self.path is None or not self._unsaved:
+            return
+        now = time.monotonic()
+        if not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
+            return
+        docs = self.history.documents()
+        warning = save(self.path, self.fingerprint, [d for d, _, _ in docs],
+                       [u for _, _, u in docs], self.history.max_tokens or HISTORY_TOKENS)
+        self._saved_at, self._unsaved = now, warning is not None
+        if warning:
+            self.warnings.append(warning)
+
+    def forget_session(self) -> None:
+        """Forget this process's outputs (kept: the persisted cache, the corpus): each
+        run of a benchmark starts from the same cache."""
+        kept = [d for d in self.history.documents() if d[1] != "session"]
+        self.history = SuffixArchive(self.history.max_tokens)
+        for doc, origin, used in kept:
+            self.history.add(doc, origin, used)
+
+
+def tokenizer_fingerprint(model: Model) -> str:
+    """What a persisted cache and a tokenized corpus are keyed by: the vocabulary."""
+    return fingerprint(model.token_text, model.n_vocab)

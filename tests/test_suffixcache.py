@@ -1,0 +1,117 @@
+"""The suffix cache: the archive of earlier text (index, candidates, eviction) and the
+pooled lookup chain that drafts from it, without any model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specllama.engine.lookup import LookupDraft, likeliest_chain
+from specllama.engine.suffixcache import (
+    LONG,
+    SHORT,
+    SuffixArchive,
+    key_of,
+    ngram_keys,
+)
+
+
+def test_ngram_keys_match_the_python_hash_and_skip_separators():
+    toks = np.array([5, 6, 7, 8, -1, 9, 10, 11, 12], np.int32)
+    keys, pos = ngram_keys(toks, 3, offset=100)
+    # followers: c = 3 (after 5 6 7) only; c = 4 is a separator, windows over it dropped;
+    # c = 8 follows 9 10 11
+    assert pos.tolist() == [103, 108]
+    assert keys.tolist() == [key_of([5, 6, 7]), key_of([9, 10, 11])]
+
+
+def test_candidates_find_the_latest_occurrences_and_measure_their_lengths():
+    a = SuffixArchive()
+    a.add([1, 2, 3, 4, 5, 6, 7, 8], "session")
+    a.add([9, 3, 4, 5, 6, 7, 0], "corpus")
+    found = a.candidates([0, 2, 3, 4, 5, 6, 7])
+    # "3 4 5 6 7" occurs in both documents: followed by 8 (agreeing 6 tokens: 2 3 4 5 6 7)
+    # and by 0 (5 tokens: 9 differs from 2); the newest document first
+    assert [(int(a.tokens[p]), n) for p, n in found] == [(0, 5), (8, 6)]
+    assert [a.origin_at(p) for p, _ in found] == ["corpus", "session"]
+    assert a.candidates([9, 9, 9, 9, 9, 9]) == []
+    assert a.candidates([4, 5, 6, 7]) == []  # shorter than SHORT: the context's business
+    assert SHORT == 5
+
+
+def test_long_order_finds_real_copying_among_many_short_matches():
+    a = SuffixArchive()
+    common = [1, 2, 3, 4, 5]
+    for i in range(100):  # "1 2 3 4 5" everywhere, each followed by something else
+        a.add([*common, 100 + i], "session")
+    passage = list(range(20, 40))
+    a.add([7, 7, *passage, 99], "session")
+    a.add([*common, 555], "session")  # the latest short match
+    found = a.candidates(passage[:12])
+    assert len(found) == 1 and found[0][1] == 12 and a.tokens[found[0][0]] == passage[12]
+    assert a.continuation(found[0][0], 100) == [*passage[12:], 99]  # stops at the end
+    # the short order: the latest PER_SEGMENT occurrences of a frequent n-gram, newest first
+    found = a.candidates([0, *common])
+    assert int(a.tokens[found[0][0]]) == 555 and all(n == 5 for _, n in found)
+
+
+def test_segments_stay_few_and_lookups_see_every_document():
+    a = SuffixArchive()
+    for i in range(300):
+        a.add([i, i + 1, i + 2, i + 3, i + 4, i + 5, 1000 + i], "session")
+    for n in (SHORT, LONG):
+        assert len(a.segments[n]) <= 6
+    for i in (0, 150, 299):
+        found = a.candidates([i, i + 1, i + 2, i + 3, i + 4, i + 5])
+        assert [int(a.tokens[p]) for p, n in found if n == 6] == [1000 + i]
+
+
+def test_eviction_keeps_the_most_recently_used_documents():
+    a = SuffixArchive(max_tokens=100)
+    for i in range(5):
+        a.add([i] * 10 + [50 + i, 60 + i, 70 + i, 80 + i, 90 + i, 95 + i] + [i] * 14, "session",
+              used=float(i))
+    # at 120 tokens > 100 the newest that fit in 75 were kept (two of 30), then one more
+    assert a.n_tokens == 90 and a.n_documents == 3
+    assert a.candidates([50, 60, 70, 80, 90]) == []
+    found = a.candidates([54, 64, 74, 84, 94])
+    assert [int(a.tokens[p]) for p, _ in found] == [99]
+    a.touch(found[0][0])  # used now: outlives the next evictions
+    for i in range(5, 8):
+        a.add([i] * 30, "session", used=float(i))
+    assert len(a.candidates([54, 64, 74, 84, 94])) == 1
+
+
+def test_likeliest_chain_counts_agreeing_continuations():
+    conts = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 4]]
+    tokens, probs, first = likeliest_chain(conts, 5)
+    assert tokens == [1, 2, 4]
+    assert probs == pytest.approx([1.0, 3 / 4, 2 / 3])
+    assert first == 1  # the first continuation agreeing to the end
+    assert likeliest_chain([], 3) == ([], [], 0)
+    # a tie goes to the earliest given (the most recent occurrence)
+    assert likeliest_chain([[7], [8]], 1)[0] == [7]
+
+
+def test_lookup_draws_from_the_archive_with_its_origin_and_probabilities():
+    history = SuffixArchive()
+    fmt = [10, 11, 12, 13, 14, 15]  # a fixed format, then a value that differs each time
+    for value in (20, 21, 22, 20):
+        history.add([*fmt, value, 16, 17, 18], "session")
+    draft = LookupDraft(archives=[(history, None)])
+    ctx = [1, 2, *fmt]
+    assert draft.has_match(ctx) and draft.match_length() == 6
+    chain = draft.chain(ctx, 8)
+    assert chain is not None and chain.origin == "session"
+    # 20 follows the format in 2 of 4, then 16 17 always; k capped at 6 - 3 + 1 = 4
+    assert chain.tokens == [20, 16, 17, 18] and chain.probs == pytest.approx([0.5, 1, 1, 1])
+    # the context's own match counts too, first: a longer one wins alone
+    ctx2 = [*fmt, 30, 31, 32, 33, 34, 35, 36, 37, 9, *fmt, 30, 31, 32, 33, 34, 35, 36, 37]
+    chain = draft.chain(ctx2, 4)
+    assert chain is not None and (chain.tokens, chain.origin) == ([9, 10, 11, 12], "context")
+
+
+def test_lookup_without_archives_is_todays_prompt_lookup():
+    ctx = [5, 6, 7, 8, 9, 1, 5, 6, 7]
+    chain = LookupDraft().chain(ctx, 4)
+    assert chain is not None and chain.tokens == [8] and chain.origin == "context"
