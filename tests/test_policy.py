@@ -674,3 +674,34 @@ def test_auto_drafts_long_where_the_draft_is_sure_and_stops_where_it_is_not():
     assert model_draft(policy, k, [0.95, 0.95, 0.35] + [0.95] * 5) == (2, 3)
     # the first token is always drawn; after an unsure one, nothing more is read
     assert model_draft(policy, k, [0.35] + [0.95] * 7) == (1, 1)
+
+
+def lookup_cut(policy, shares) -> int:
+    """How many tokens of a lookup chain with these shares of agreeing copies the policy
+    keeps (the chain ends at the first "stop")."""
+    for j, share in enumerate(shares):
+        if policy.extend(j, share) == "stop":
+            return j
+    return len(shares)
+
+
+def test_auto_cuts_a_lookup_chain_where_the_copies_stop_agreeing():
+    # Verifying is almost free (flat): even a token one copy in ten agrees on is worth it.
+    st = state_for(FLAT_RATIOS, t1=0.04)
+    fixed_acceptance(st, "lookup-long", 0.9)
+    policy = AutoDraftLength(st)
+    assert policy.choose("lookup", match=20) > 0
+    assert lookup_cut(policy, [1.0] * 6) == 6
+    assert lookup_cut(policy, [1.0, 1.0, 0.1, 1.0]) == 4
+    # Where verifying one more token costs 0.6 of a step, the chain is cut where the copies
+    # stop agreeing; its first token is judged too, against the target alone, so a lookup
+    # whose copies disagree at once is no draft at all (hybrid asks the model instead).
+    st = state_for([1.0 + 0.6 * n for n in range(16)], t1=0.04)
+    fixed_acceptance(st, "lookup-long", 0.9)
+    policy = AutoDraftLength(st)
+    policy.choose("lookup", match=20)
+    assert lookup_cut(policy, [1.0, 1.0, 0.1, 1.0]) == 2
+    assert lookup_cut(policy, [0.5, 1.0]) == 0
+    assert lookup_cut(policy, [1.0, 1.0]) == 2
+    # the model's confidence and the lookups' shares are learnt apart
+    assert st.confidence_of("lookup-long") is not st.confidence

@@ -35,8 +35,8 @@ def test_candidates_find_the_latest_occurrences_and_measure_their_lengths():
     assert [(int(a.tokens[p]), n) for p, n in found] == [(0, 5), (8, 6)]
     assert [a.origin_at(p) for p, _ in found] == ["corpus", "session"]
     assert a.candidates([9, 9, 9, 9, 9, 9]) == []
-    assert a.candidates([4, 5, 6, 7]) == []  # shorter than SHORT: the context's business
-    assert SHORT == 5
+    assert a.candidates([6, 7]) == []  # shorter than SHORT
+    assert [n for _, n in a.candidates([0, 5, 6, 7])] == [3, 3]
 
 
 def test_long_order_finds_real_copying_among_many_short_matches():

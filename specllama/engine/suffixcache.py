@@ -33,12 +33,13 @@ import numpy as np
 Origin = Literal["context", "session", "persisted", "corpus"]
 ORIGINS: tuple[Origin, ...] = ("context", "session", "persisted", "corpus")
 
-#: The two orders indexed. Matches shorter than SHORT are left to the context's own
-#: index (`engine.lookup`): from elsewhere, a few common tokens say little, and skipping
-#: them keeps most rounds at two flag lookups.
-SHORT, LONG = 5, 10
-#: Occurrences read per segment and order: the latest ones (recent text predicts best).
-PER_SEGMENT = 32
+#: The two orders indexed: the shortest match worth a lookup (as in the context's own
+#: index), and one that finds real copying among many short matches at once.
+SHORT, LONG = 3, 10
+#: Occurrences read per segment and order, and in all: the latest ones (recent text
+#: predicts best; each is measured in Python).
+PER_SEGMENT = 16
+HITS = 32
 #: Match lengths are measured up to this many tokens.
 MATCH_MAX = 64
 
@@ -199,6 +200,8 @@ class SuffixArchive:
                 if lo < len(keys) and keys[lo] == key64:
                     hi = int(keys.searchsorted(key64, "right"))
                     hits += segment.pos[max(lo, hi - PER_SEGMENT) : hi][::-1].tolist()
+                    if len(hits) >= HITS:
+                        break
             if hits:
                 return self._measured(hits, tail)
         return []

@@ -94,8 +94,11 @@ class ConfidenceAcceptance:
     it). `next_rate` is the mean acceptance of the rows the draft model read, what the
     next row is worth before it is read."""
 
-    def __init__(self, tuning: AutoTuning = DEFAULT) -> None:
+    def __init__(self, tuning: AutoTuning = DEFAULT, prior_power: float | None = None) -> None:
+        """prior_power: the prior is confidence ** this (None: the tuning's, for a draft
+        model's confidence)."""
         self.tuning = tuning
+        self.prior_power = tuning.confidence_prior_power if prior_power is None else prior_power
         self.bins = tuning.confidence_bins
         self.seen = [0.0] * self.bins
         self.accepted = [0.0] * self.bins
@@ -106,7 +109,7 @@ class ConfidenceAcceptance:
 
     def rate(self, confidence: float) -> float:
         b, t = self._bin(confidence), self.tuning
-        prior = ((b + 0.5) / self.bins) ** t.confidence_prior_power
+        prior = ((b + 0.5) / self.bins) ** self.prior_power
         return (self.accepted[b] + t.confidence_prior_weight * prior) / (
             self.seen[b] + t.confidence_prior_weight)
 

@@ -64,8 +64,8 @@ class AutoState:
         # P(accepted | confidence): the draft model's top probability, and apart, per
         # lookup source, a lookup's share of agreeing occurrences (engine.lookup.Chain).
         self.confidence = ConfidenceAcceptance(t)
-        self.lookup_confidence = {src: ConfidenceAcceptance(t) for src in SOURCES
-                                  if src != "model"}
+        self.lookup_confidence = {src: ConfidenceAcceptance(t, t.lookup_prior_power)
+                                  for src in SOURCES if src != "model"}
         self.calibration = calibration or {}
 
     def learn_costs(self, outcome: RoundOutcome) -> None:

@@ -90,6 +90,9 @@ class AutoTuning:
     confidence_prior_power: float = 0.5
     confidence_prior_weight: float = 2.0
     confidence_decay: float = 0.98
+    #: A lookup's share of agreeing copies (engine.lookup.Chain) is a frequency: its
+    #: prior is share ** this (1: taken at its word until the counts say otherwise).
+    lookup_prior_power: float = 1.0
     #: What the next row is worth before any is read.
     next_rate_prior: float = 0.7
     #: Predict a round's tokens from each drafted token's confidence once this many
