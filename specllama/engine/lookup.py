@@ -318,10 +318,6 @@ class LookupDraft:
         archive.touch(p)
         return Chain(tokens, probs, origin or archive.origin_at(p))
 
-    def find(self, committed: Sequence[int], k: int) -> list[int]:
-        chain = self.chain(committed, k)
-        return chain.tokens if chain is not None else []
-
     def propose(
         self,
         committed: list[int],
