@@ -115,3 +115,15 @@ def test_lookup_without_archives_is_todays_prompt_lookup():
     ctx = [5, 6, 7, 8, 9, 1, 5, 6, 7]
     chain = LookupDraft().chain(ctx, 4)
     assert chain is not None and chain.tokens == [8] and chain.origin == "context"
+
+
+def test_documents_added_at_once_are_found_as_those_added_one_by_one():
+    docs = [[i % 7, (i * 3) % 11, i % 5, 100 + i] * 3 for i in range(50)]
+    one, many = SuffixArchive(), SuffixArchive()
+    for d in docs:
+        one.add(d, "session")
+    many.add_many([(d, "persisted", 1.0) for d in docs])
+    assert len(many.segments[SHORT]) == 1 and many.n_tokens == one.n_tokens
+    for d in docs[::7]:
+        assert sorted(many.candidates(d[:6])) == sorted(one.candidates(d[:6]))
+    assert many.documents()[3][1:] == ("persisted", 1.0)

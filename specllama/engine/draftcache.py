@@ -51,16 +51,15 @@ class DraftCache:
             self._unsaved = True
 
     def add_corpus(self, files: Sequence[CorpusFile]) -> None:
-        for f in files:
-            self.corpus.add(f.tokens, "corpus")
+        self.corpus.add_many([(f.tokens, "corpus", None) for f in files])
 
     def load(self, path: Path, fingerprint: str) -> str | None:
         """Read a persisted cache (written for this tokenizer): the warning for a file
         that cannot be used (it is rebuilt on the next save), or None."""
         self.path, self.fingerprint = path, fingerprint
         stored, warning = load(path, fingerprint)
-        for doc, used in zip(stored.docs, stored.used):
-            self.history.add(doc, "persisted", used)
+        self.history.add_many([(doc, "persisted", used)
+                               for doc, used in zip(stored.docs, stored.used)])
         return warning
 
     def save(self, *, force: bool = False) -> None:
@@ -84,8 +83,7 @@ class DraftCache:
         run of a benchmark starts from the same cache."""
         kept = [d for d in self.history.documents() if d[1] != "session"]
         self.history = SuffixArchive(self.history.max_tokens)
-        for doc, origin, used in kept:
-            self.history.add(doc, origin, used)
+        self.history.add_many(kept)
 
 
 def tokenizer_fingerprint(model: Model) -> str:

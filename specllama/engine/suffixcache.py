@@ -125,22 +125,30 @@ class SuffixArchive:
     def add(self, doc: Sequence[int] | np.ndarray, origin: Origin,
             used: float | None = None) -> None:
         """Append a document (ids >= 0) and index it."""
-        doc = np.asarray(doc, dtype=np.int32)
-        if len(doc) == 0:
-            return
+        self.add_many([(doc, origin, used)])
+
+    def add_many(self, docs: Sequence[tuple[Sequence[int] | np.ndarray, Origin, float | None]]
+                 ) -> None:
+        """Append documents (tokens, origin, last use or None: now) and index them as one
+        segment: a loaded cache or a corpus costs one sort, not one merge per document."""
         start = self.size
-        end = start + len(doc) + 1
-        if end > len(self._tokens):
-            grown = np.full(max(end, 2 * len(self._tokens)), -1, np.int32)
-            grown[: self.size] = self._tokens[: self.size]
-            self._tokens = grown
-        self._tokens[start : end - 1] = doc
-        self._tokens[end - 1] = -1
-        self.size = end
-        self.starts.append(start)
-        self.origins.append(origin)
-        self.used.append(time.time() if used is None else used)
-        self._index(start, end)
+        for doc, origin, used in docs:
+            tokens = np.asarray(doc, dtype=np.int32)
+            if len(tokens) == 0:
+                continue
+            end = self.size + len(tokens) + 1
+            if end > len(self._tokens):
+                grown = np.full(max(end, 2 * len(self._tokens)), -1, np.int32)
+                grown[: self.size] = self._tokens[: self.size]
+                self._tokens = grown
+            self._tokens[self.size : end - 1] = tokens
+            self._tokens[end - 1] = -1
+            self.starts.append(self.size)
+            self.origins.append(origin)
+            self.used.append(time.time() if used is None else used)
+            self.size = end
+        if self.size > start:
+            self._index(start, self.size)
         if self.max_tokens is not None and self.n_tokens > self.max_tokens:
             self._evict()
 
@@ -171,8 +179,7 @@ class SuffixArchive:
                 budget -= len(docs[i][0])
                 keep.append(i)
         self._reset()
-        for i in sorted(keep):
-            self.add(*docs[i])
+        self.add_many([docs[i] for i in sorted(keep)])
 
     def documents(self) -> list[tuple[np.ndarray, Origin, float]]:
         """Each document's tokens, origin and last use, oldest first."""
