@@ -5,101 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import uvicorn
 from click.testing import CliRunner
+from servers import ServerProcess
 from tinymodels import write_tiny_mamba
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
 from specllama.server import Defaults, ServeConfig, listen
 from specllama.server.app import create_app
+from specllama.server.jobs import Engine
 from specllama.server.runner import url_of
 from specllama.server.worker import Worker
 
-SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
-READY = re.compile(r"serving (\S+) at (http://\S+)/v1")
 PROMPT = "Hello world"
-
-
-class ServerProcess:
-    """`specllama serve --port 0 ...` in a subprocess; its stderr collected line by line."""
-
-    def __init__(self, args, tmp_path: Path) -> None:
-        env = {**os.environ, "SPECLLAMA_CACHE_DIR": str(tmp_path / "cache"), "NO_COLOR": "1",
-               "PYTHONUNBUFFERED": "1"}
-        env.pop("SPECLLAMA_API_KEY", None)
-        self.proc = subprocess.Popen(
-            [SPECLLAMA, "serve", "--port", "0", *map(str, args)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, env=env,
-        )
-        self.lines: list[str] = []
-        self.url = self.model = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        self._ready.wait(120)
-        if self.url is None:
-            self.kill()
-            raise AssertionError(f"the server did not start:\n{self.stderr}")
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            found = READY.search(line)
-            if found and self.url is None:
-                self.model, self.url = found.groups()
-                self._ready.set()
-        self._ready.set()  # it exited
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.lines)
-
-    def client(self, **kw) -> openai.OpenAI:
-        kw = {"api_key": "unused", "timeout": 60, "max_retries": 0, **kw}
-        return openai.OpenAI(base_url=f"{self.url}/v1", **kw)
-
-    def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
-
-    def wait_idle(self, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            h = self.health()
-            if (not h["busy"] and not h["waiting"]) or time.monotonic() > deadline:
-                return h
-            time.sleep(0.05)
-
-    def rss_kib(self) -> int:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -418,11 +347,11 @@ class InProcessServer:
 
     def __init__(self, decoder: SpeculativeDecoder, model: str) -> None:
         self.model, self.log = model, []
-        self.worker = Worker(decoder, max_waiting=8, draft_max=0, draft_mode="lookup",
+        self.worker = Worker(Engine(decoder), max_waiting=8, draft_max=0, draft_mode="lookup",
                              log=self.log.append)
         config = ServeConfig(model, Defaults(SamplingParams(temperature=0.0), 8),
-                             draft_max=0, draft_mode="lookup")
-        app = create_app(self.worker, config, self.log.append)
+                             draft_max=0, draft_mode="lookup", n_ctx=decoder.n_ctx)
+        app = create_app(self.worker, config, decoder.target, self.log.append)
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         sock = listen("127.0.0.1", 0)
         self.url = url_of(sock)
@@ -510,8 +439,9 @@ def test_the_cost_measurement_runs_on_the_decoding_thread(tiny_target):
     start() returns only once it has."""
     decoder = SpeculativeDecoder.load(tiny_target, n_ctx=128, n_threads=1)
     seen: list[int] = []
-    worker = Worker(decoder, max_waiting=1, draft_max=0, draft_mode="lookup",
-                    prepare=lambda: (time.sleep(0.2), seen.append(threading.get_ident())))
+    engine = Engine(decoder, prepare=lambda: (time.sleep(0.2),
+                                              seen.append(threading.get_ident())))
+    worker = Worker(engine, max_waiting=1, draft_max=0, draft_mode="lookup")
     try:
         worker.start()
         assert seen == [worker._thread.ident]

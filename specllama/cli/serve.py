@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 from rich.markup import escape
 
-from .. import server
+from .. import SpeculativeDecoder, server
+from ..engine.llama import Vocabulary
 from .options import (
     RunOptions,
+    RunSettings,
     measure_costs,
     model_options,
     open_decoder,
@@ -40,8 +44,12 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
                   "--api-key: anyone who can reach this machine can use it")
     # Bind before loading: a taken port fails in a second, not after the models load.
     sock = server.listen(host, port)
-    decoder, settings = open_decoder(run, err, calibrate=False)
+    # The models live in an engine process that may die (a lost RPC server) and is
+    # started again; this process keeps the HTTP side and the target's vocabulary.
+    engine = server.EngineProcess(functools.partial(load_engine, run))
     try:
+        settings: RunSettings = engine.start()
+        vocab = Vocabulary(settings.target)
         model_id = settings.pair or Path(settings.target).stem
         config = server.ServeConfig(
             model_id=model_id,
@@ -49,25 +57,37 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
                                      settings.constraint),
             draft_max=settings.draft_max,
             draft_mode=settings.draft_mode,
+            n_ctx=settings.n_ctx,
             api_key=api_key,
             max_waiting=max_waiting,
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
         )
-        def measure() -> None:  # on the thread that decodes (server/worker.py)
-            measure_costs(decoder, settings.draft_max, run.recalibrate,
-                          lambda why: err.print(why, style="dim", markup=False))
-
         totals = server.serve(
-            decoder, config, sock, prepare=measure,
+            engine, vocab, config, sock,
             on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
                                            markup=False),
             log=lambda line: err.print(line, markup=False, style="dim"),
         )
     finally:
-        decoder.close()
+        engine.close()
+        sock.close()
     t = totals
     err.print(f"stopped: {t.completed} completed, {t.cancelled} cancelled, {t.failed} failed, "
               f"{t.rejected} turned away (503)")
     if t.stats.target_steps:
         err.print(stats_table(t.stats, title="all requests"))
+
+
+def load_engine(run: RunOptions, first: bool) -> tuple[SpeculativeDecoder, Callable[[], None],
+                                                      RunSettings]:
+    """In the engine process: load the pair as any command does (a spinner and notes
+    the first time only), and how to measure auto's costs on the thread that decodes."""
+    err = stderr_console(plain=not first)
+    decoder, settings = open_decoder(run, err, calibrate=False)
+
+    def measure() -> None:
+        measure_costs(decoder, settings.draft_max, run.recalibrate and first,
+                      lambda why: err.print(why, style="dim", markup=False))
+
+    return decoder, measure, settings

@@ -188,11 +188,25 @@ def serve_rpc(host: str, port: int, *, n_threads: int, cache_dir: Path | None) -
 
 
 # ------------------------------------------------------ ending in one line, not a hang
-def _fatal(message: str) -> None:
+_LAST_WORDS: list[Callable[[str, bool], None]] = []
+
+
+def on_fatal(sink: Callable[[str, bool], None]) -> None:
+    """Hand the last words to `sink(message, remote)` instead of stderr: an engine
+    process tells its supervisor why it ends (remote: the RPC server was lost)."""
+    _LAST_WORDS[:] = [sink]
+
+
+def _fatal(message: str, remote: bool = False) -> None:
     """Last words when llama.cpp aborts: it calls abort() right after this, so
     the process cannot go on; leave with one line and exit code 2 instead."""
-    os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
-    os._exit(2)
+    try:
+        if _LAST_WORDS:
+            _LAST_WORDS[0](message, remote)
+        else:
+            os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
+    finally:
+        os._exit(2)
 
 
 def _stall_bound(default: float = 120.0) -> float:
@@ -232,7 +246,7 @@ def _start_stall_watch() -> None:
             for deadline, where in list(_RPC_WAITS.values()):
                 if now > deadline:
                     _fatal(f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; "
-                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)")
+                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)", remote=True)
 
     threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
 
@@ -251,7 +265,7 @@ def _install_abort_handler() -> None:
         text = text.split(": ", 1)[-1] if text.count(":") >= 2 else text  # drop file:line
         if "RPC" in text or "connect" in text:
             _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')}); "
-                   "the target lives there, so generation cannot go on")
+                   "the target lives there, so generation cannot go on", remote=True)
         _fatal(f"llama.cpp aborted: {text}")
 
     _ABORT_HANDLER.append(_ABORT_CALLBACK(on_abort))

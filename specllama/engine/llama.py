@@ -52,98 +52,33 @@ QUANT_TYPES: dict[str, int] = {
 LogitsWanted = Literal["none", "last", "all"]
 
 
-class Model:
-    """One GGUF model with its own KV cache, driven token by token."""
+class Vocabulary:
+    """A GGUF file's tokenizer and chat template only (llama.cpp's vocab_only load: no
+    weights, no context, never on a remote device): what `specllama serve` tokenizes
+    requests with while the model itself runs in its engine process."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        n_ctx: int = 2048,
-        n_threads: int | None = None,
-        n_batch: int = 512,
-        rpc: Sequence[str] = (),
-    ) -> None:
-        """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
-        there instead of this machine's CPU."""
+    def __init__(self, path: str | Path) -> None:
         backend.init()
         self.path = Path(path)
-        # llama.cpp handles (ctypes objects); None once freed
         self._model: Any = None
-        self._ctx: Any = None
-        self._batch: Any = None
         check_gguf_file(self.path, what="model")
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-
-        self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         mparams = lc.llama_model_default_params()
-        if backend.amx_built_in():
-            mparams.use_extra_bufts = False
-        if self.rpc:
-            self._devices = backend.rpc_devices(self.rpc)  # kept alive with the model
-            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-            mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
+        mparams.vocab_only = True
         model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            raise ModelLoadError(
-                f"{self.path}: llama.cpp could not load it ({backend.last_log_error()}); "
-                "the file may be truncated or of an unsupported architecture"
-            )
-        self._model = model
-
-        self.n_batch = max(1, min(n_batch, n_ctx))
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        ctx = lc.llama_init_from_model(model, cparams)
-        if not ctx:
-            self.close()
-            raise ModelLoadError(f"{self.path}: could not create a context of {n_ctx} tokens "
+            raise ModelLoadError(f"{self.path}: llama.cpp could not read its vocabulary "
                                  f"({backend.last_log_error()})")
-        self._ctx = ctx
-        self.n_ctx = int(lc.llama_n_ctx(ctx))
-        self._mem = lc.llama_get_memory(ctx)
+        self._adopt(model)
+
+    def _adopt(self, model: Any) -> None:
+        self._model = model
         self._vocab = lc.llama_model_get_vocab(model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
-        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
-        # the end) is read as a stand-in: it costs acceptance, never exactness.
-        newline = int(lc.llama_vocab_nl(self._vocab))
-        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
-        self.memory_kind = _memory_kind(model)
-        self._row_type = ctypes.c_float * self.n_vocab
-        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
-        self._fast_logits = backend.logits_address()
-        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        if self.rpc:
-            rpc_net.keep_alive(list(self.rpc))
-
-        self.cached: list[int] = []  # token ids held by the KV cache, position = index
-        self.decode_s = 0.0  # wall time inside llama_decode
-        self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
-        self.decode_calls = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
-        self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
         self._lltokenizer: Any = None  # grammar_tokenizer(), once asked for
 
-    def set_threads(self, n_threads: int) -> None:
-        """Decode with n_threads from now on (chosen once the load has shown how busy
-        the machine is)."""
-        self.n_threads = max(1, int(n_threads))
-        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
-
-    # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            lc.llama_free(self._ctx)
-            self._ctx = None
         if self._model is not None:
             lc.llama_model_free(self._model)
             self._model = None
@@ -151,11 +86,6 @@ class Model:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-    @property
-    def placement(self) -> str:
-        """Where the layers run: 'local CPU' or 'rpc HOST:PORT, ...'."""
-        return f"rpc {', '.join(self.rpc)}" if self.rpc else "local CPU"
 
     # ------------------------------------------------------------------- vocab
     @property
@@ -277,6 +207,101 @@ class Model:
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+class Model(Vocabulary):
+    """One GGUF model with its own KV cache, driven token by token."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        rpc: Sequence[str] = (),
+    ) -> None:
+        """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
+        there instead of this machine's CPU."""
+        backend.init()
+        self.path = Path(path)
+        # llama.cpp handles (ctypes objects); None once freed
+        self._model = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        check_gguf_file(self.path, what="model")
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+
+        self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
+        mparams = lc.llama_model_default_params()
+        if backend.amx_built_in():
+            mparams.use_extra_bufts = False
+        if self.rpc:
+            self._devices = backend.rpc_devices(self.rpc)  # kept alive with the model
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
+        model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"{self.path}: llama.cpp could not load it ({backend.last_log_error()}); "
+                "the file may be truncated or of an unsupported architecture"
+            )
+        self._adopt(model)
+
+        self.n_batch = max(1, min(n_batch, n_ctx))
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(f"{self.path}: could not create a context of {n_ctx} tokens "
+                                 f"({backend.last_log_error()})")
+        self._ctx = ctx
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self._mem = lc.llama_get_memory(ctx)
+        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
+        # the end) is read as a stand-in: it costs acceptance, never exactness.
+        newline = int(lc.llama_vocab_nl(self._vocab))
+        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
+        self.memory_kind = _memory_kind(model)
+        self._row_type = ctypes.c_float * self.n_vocab
+        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
+        self._fast_logits = backend.logits_address()
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        if self.rpc:
+            rpc_net.keep_alive(list(self.rpc))
+
+        self.cached: list[int] = []  # token ids held by the KV cache, position = index
+        self.decode_s = 0.0  # wall time inside llama_decode
+        self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
+        self.decode_calls = 0
+        self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
+
+    def set_threads(self, n_threads: int) -> None:
+        """Decode with n_threads from now on (chosen once the load has shown how busy
+        the machine is)."""
+        self.n_threads = max(1, int(n_threads))
+        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        super().close()
+
+    @property
+    def placement(self) -> str:
+        """Where the layers run: 'local CPU' or 'rpc HOST:PORT, ...'."""
+        return f"rpc {', '.join(self.rpc)}" if self.rpc else "local CPU"
 
     # --------------------------------------------------------------- decoding
     def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:

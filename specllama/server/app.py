@@ -21,17 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import (
-    ConstraintError,
-    ContextOverflowError,
-    Finished,
-    InvalidParameterError,
-    SpecLlamaError,
-)
+from .. import Finished
+from ..engine.llama import Vocabulary
+from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
 from .prompts import Defaults, Work, build_work
 from .responses import Chunks, completion, figures, new_id
 from .schema import APIError, ChatRequest, CompletionRequest, parse
-from .worker import TEXT_EVENTS, Failure, Job, QueueFull, ShuttingDown, Worker
+from .worker import Job, QueueFull, ShuttingDown, Unavailable, Worker
 
 MAX_BODY = 4 * 2**20
 # Seconds a request in progress may take to finish once the server is told to stop.
@@ -39,9 +35,6 @@ GRACE_S = 30
 # A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
 # its 413 instead of a connection reset halfway through sending.
 _DRAIN_LIMIT = 4 * MAX_BODY
-# The errors a request itself can cause during its generation (400); any other failure
-# (a KV cache llama.cpp refused to cut, a failed decode, ...) is the server's (500).
-_CLIENT_ERRORS = (InvalidParameterError, ContextOverflowError, ConstraintError)
 
 
 @dataclass(frozen=True)
@@ -50,6 +43,7 @@ class ServeConfig:
     defaults: Defaults
     draft_max: int | str
     draft_mode: str
+    n_ctx: int  # the context window the engine was loaded with
     api_key: str | None = None
     max_waiting: int = 8  # requests queued behind the one being served; more get 503
     target: str = ""  # file names, shown by /v1/models
@@ -81,23 +75,27 @@ def _endpoint(
 
 
 class _API:
-    def __init__(self, worker: Worker, config: ServeConfig, log: Callable[[str], None]) -> None:
+    def __init__(self, worker: Worker, config: ServeConfig, vocab: Vocabulary,
+                 log: Callable[[str], None]) -> None:
         self.worker = worker
         self.config = config
+        self.vocab = vocab
         self.log = log
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ routes
     async def health(self, request: Request) -> Response:
         w = self.worker
-        return JSONResponse({
-            "status": "ok",
-            "model": self.config.model_id,
-            "busy": w.busy,
-            "waiting": w.waiting,
-            "requests": w.totals.as_dict(),
-            "cache": w.cache,
-        })
+        body: dict[str, Any] = {"status": "ok", "model": self.config.model_id}
+        down = w.down
+        if down is not None:
+            failure = down.failure()
+            body.update(status="unavailable", reason=failure.message,
+                        retry_after=failure.retry_after)
+        body.update(busy=w.busy, waiting=w.waiting, requests=w.totals.as_dict(),
+                    cache=w.cache, engine_pid=getattr(w.engine, "pid", None))
+        return JSONResponse(body, status_code=200 if down is None else 503,
+                            headers={"Retry-After": str(body["retry_after"])} if down else None)
 
     @_endpoint
     async def models(self, request: Request) -> Response:
@@ -137,7 +135,7 @@ class _API:
             "speculative": {
                 "target": self.config.target,
                 "draft": self.config.draft,
-                "n_ctx": w.decoder.n_ctx,
+                "n_ctx": self.config.n_ctx,
                 "draft_max": w.draft_max,
                 "draft_mode": w.draft_mode,
             },
@@ -174,7 +172,7 @@ class _API:
         req = parse(await _read_body(request), kind)
         self._check_model(req.model)
         work = await run_in_threadpool(
-            build_work, self.worker.decoder, self.config.defaults, req
+            build_work, self.vocab, self.config.n_ctx, self.config.defaults, req
         )
         rid = new_id(work.kind)
         try:
@@ -188,7 +186,9 @@ class _API:
                 headers={"Retry-After": str(exc.retry_after)},
             ) from None
         except ShuttingDown:
-            raise _shutting_down() from None
+            raise _api_error(SHUTTING_DOWN) from None
+        except Unavailable as exc:
+            raise _api_error(exc.failure) from None
         if req.stream:
             # On shutdown sse-starlette sets `stopping` and waits for the stream to end.
             stopping = anyio.Event()
@@ -214,18 +214,18 @@ class _API:
             async for batch in job.batches():
                 for item in batch:
                     if isinstance(item, Failure):
-                        raise _failure(item.error)
+                        raise _api_error(item)
                     if isinstance(item, Finished):
                         result = item.result
         finally:
             watcher.cancel()
         if result is None:
-            raise _shutting_down()
-        unmet = _unmet(result, self.worker.decoder.n_ctx)
+            raise _api_error(SHUTTING_DOWN)
+        unmet = _unmet(result, self.config.n_ctx)
         if unmet is not None:
             raise unmet
         return completion(work, rid, self.config.model_id, result, self._figures(job, result),
-                          self.worker.decoder.target.piece)
+                          self.vocab.piece)
 
     async def _stream(
         self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event
@@ -245,15 +245,15 @@ class _API:
                     yield _sse(chunks.text(text))
                 end = batch[-1]
                 if isinstance(end, Failure):  # after the 200: an error event, then the end
-                    yield _sse(_failure(end.error).body())
+                    yield _sse(_api_error(end).body())
                     break
                 if isinstance(end, Finished):
-                    unmet = _unmet(end.result, self.worker.decoder.n_ctx)
+                    unmet = _unmet(end.result, self.config.n_ctx)
                     if unmet is not None:
                         yield _sse(unmet.body())
                         break
                     for chunk in chunks.end(end.result, self._figures(job, end.result),
-                                            self.worker.decoder.target.piece):
+                                            self.vocab.piece):
                         yield _sse(chunk)
             yield {"data": "[DONE]"}
         finally:
@@ -263,8 +263,9 @@ class _API:
             job.cancel()
 
 
-def create_app(worker: Worker, config: ServeConfig, log: Callable[[str], None]) -> Starlette:
-    api = _API(worker, config, log)
+def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
+               log: Callable[[str], None]) -> Starlette:
+    api = _API(worker, config, vocab, log)
     routes = [
         Route("/health", api.health),
         Route("/v1/models", api.models),
@@ -309,11 +310,6 @@ def _sse(body: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(body, ensure_ascii=False)}
 
 
-def _shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", type="server_error",
-                    code="shutting_down", headers={"Retry-After": "5"})
-
-
 def _unmet(result: Any, n_ctx: int) -> APIError | None:
     """A response_format the context window had no room to complete: the client's 400,
     not a truncated JSON document that looks like an answer."""
@@ -325,11 +321,7 @@ def _unmet(result: Any, n_ctx: int) -> APIError | None:
                     code="context_length_exceeded")
 
 
-def _failure(error: BaseException) -> APIError:
-    if isinstance(error, ShuttingDown):
-        return _shutting_down()
-    if isinstance(error, _CLIENT_ERRORS):
-        return APIError(400, str(error))
-    what = str(error) if isinstance(error, SpecLlamaError) else \
-        f"{type(error).__name__}: {error}"
-    return APIError(500, f"generation failed: {what}", type="server_error")
+def _api_error(failure: Failure) -> APIError:
+    headers = {} if failure.retry_after is None else {"Retry-After": str(failure.retry_after)}
+    return APIError(failure.status, failure.message, code=failure.code, headers=headers,
+                    type="server_error" if failure.status >= 500 else "invalid_request_error")

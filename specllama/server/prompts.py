@@ -1,7 +1,7 @@
 """A validated request -> the work for the decoder: prompt tokens and settings.
 
-Runs on the event loop's thread pool while the worker may be decoding: tokenizing and
-rendering a chat template read only the vocabulary, which llama.cpp allows concurrently.
+Runs on the event loop's thread pool, on the target's vocabulary alone (the models
+themselves are in the engine process).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from .. import (
     ConstraintSpec,
     InvalidParameterError,
     SamplingParams,
-    SpeculativeDecoder,
 )
+from ..engine.llama import Vocabulary
 from .schema import APIError, ChatRequest, CompletionRequest, ResponseFormat
 
 # Used when the target has no chat template, as `specllama chat` does.
@@ -44,17 +44,18 @@ class Work:
 
 
 def build_work(
-    decoder: SpeculativeDecoder, defaults: Defaults, req: ChatRequest | CompletionRequest
+    vocab: Vocabulary, n_ctx: int, defaults: Defaults, req: ChatRequest | CompletionRequest
 ) -> Work:
+    """`vocab`: the target's tokenizer (the engine runs elsewhere: isolation.py)."""
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
-        tokens, extra_stop = chat_tokens(decoder, req)
+        tokens, extra_stop = chat_tokens(vocab, req)
         param = "messages"
     else:
-        kind, tokens, extra_stop, param = "completion", decoder.tokenize(req.text()), (), "prompt"
+        kind, tokens, extra_stop, param = "completion", _tokenize(vocab, req.text()), (), \
+            "prompt"
     if not tokens:
         raise APIError(400, "the prompt is empty", param=param)
-    n_ctx = decoder.n_ctx
     if len(tokens) >= n_ctx:
         raise APIError(
             400,
@@ -110,16 +111,20 @@ def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> Co
     return spec
 
 
-def chat_tokens(decoder: SpeculativeDecoder, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
+def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
+    """As SpeculativeDecoder.tokenize: BOS if the model wants one, special tokens parsed."""
+    return vocab.tokenize(text, add_bos=vocab.adds_bos, special=True)
+
+
+def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
     """The conversation in the target's chat template (as `specllama chat` renders it);
     a plain 'User: / Assistant:' format when the target has none."""
-    target = decoder.target
     turns = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in req.messages
     ]
     if target.chat_template() is None:
-        return decoder.tokenize(_plain(turns)), PLAIN_STOP
+        return _tokenize(target, _plain(turns)), PLAIN_STOP
     try:
         rendered = target.format_chat(turns)
     except Exception as exc:  # a template can fail in any jinja2 way

@@ -18,9 +18,10 @@ from types import FrameType
 
 import uvicorn
 
-from .. import SpecLlamaError, SpeculativeDecoder
+from .. import SpecLlamaError
+from ..engine.llama import Vocabulary
 from .app import GRACE_S, ServeConfig, create_app
-from .worker import Totals, Worker
+from .worker import Decoding, Totals, Worker
 
 
 class ServeError(SpecLlamaError):
@@ -85,25 +86,24 @@ class _Server(uvicorn.Server):
 
 
 def serve(
-    decoder: SpeculativeDecoder,
+    engine: Decoding,
+    vocab: Vocabulary,
     config: ServeConfig,
     sock: socket.socket,
     *,
     on_ready: Callable[[str], None],
     log: Callable[[str], None],
-    prepare: Callable[[], None] | None = None,
 ) -> Totals:
     """Serve until a signal; returns what was served. `sock` comes from `listen`;
-    `prepare` runs first on the decoding thread (auto's cost measurement)."""
+    `engine`, started already, is closed on the way out; `vocab` is the target's."""
     worker = Worker(
-        decoder,
+        engine,
         max_waiting=config.max_waiting,
         draft_max=config.draft_max,
         draft_mode=config.draft_mode,
         log=log,
-        prepare=prepare,
     )
-    app = create_app(worker, config, log)
+    app = create_app(worker, config, vocab, log)
     server = _Server(
         uvicorn.Config(
             app,

@@ -1,15 +1,17 @@
-"""One decoder, many clients: a single worker thread serves jobs from a bounded FIFO queue.
+"""One engine, many clients: a single worker thread serves jobs from a bounded FIFO queue.
 
-The engine's `stream()` is a blocking generator, so it runs here, never on the event
-loop. Only the events a request reads cross over (a non-streaming one: only the end),
-and the event loop is woken at most once for however many are waiting: every wake-up
-is a thread taking a core from llama.cpp's, whose threads wait for each other at every
-step (docs/performance.md, "specllama serve beside llama-server"). A job cancelled
-(client gone, server stopping) closes its generator at the next event, between rounds:
-the engine then puts both KV caches back to a prefix of what was committed, so the next
-request is served correctly. Every generation keeps its cache (`keep_cache=True`): a
-request that resends the conversation so far is evaluated only from where it differs
-from the previous one.
+The engine (jobs.Engine, in `specllama serve` inside an engine process: isolation.py)
+blocks while it generates, so it is driven from this thread, never the event loop. Only
+the events a request reads cross over (a non-streaming one: only the end), and the event
+loop is woken at most once for however many are waiting: every wake-up is a thread
+taking a core from llama.cpp's, whose threads wait for each other at every step
+(docs/performance.md, "specllama serve beside llama-server"). A job cancelled (client
+gone, server stopping) stops at the next round.
+
+When the engine process dies (its RPC server lost or hung, llama.cpp aborted, the OOM
+killer), the request it served answers with the reason, the waiting ones and every new
+one get 503 with Retry-After, and this thread starts another engine, backing off while
+that fails, until it serves again.
 """
 
 from __future__ import annotations
@@ -22,11 +24,22 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from .. import Event, Finished, SpeculativeDecoder, Stats, TargetToken, TextFlushed, TokensAccepted
-from ..engine.kvreport import cache_report
+from .. import Event, Finished, SpecLlamaError, Stats
+from .isolation import EngineLost, EngineProcess
+from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure, Order, Outcome
 from .prompts import Work
+
+# Seconds between attempts to start a lost engine again: doubling up to this.
+BACKOFF_MAX_S = 10.0
+
+
+class Decoding(Protocol):
+    def prepare(self) -> str | None: ...
+    def run(self, order: Order, put: Callable[[Event], None],
+            cancelled: Callable[[], bool]) -> Outcome: ...
+    def close(self) -> None: ...
 
 
 class QueueFull(Exception):
@@ -41,18 +54,15 @@ class ShuttingDown(Exception):
     """The server is stopping and takes no more work."""
 
 
-@dataclass(frozen=True)
-class Failure:
-    """The generation raised; the request answers with this error."""
+class Unavailable(Exception):
+    """The engine is down (being started again): `failure` is the 503 to answer."""
 
-    error: BaseException
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 _END = object()
-
-
-#: The events that carry text: what a stream sends on.
-TEXT_EVENTS = (TokensAccepted, TargetToken, TextFlushed)
 
 
 class Job:
@@ -63,6 +73,7 @@ class Job:
                  stream: bool = True) -> None:
         self.work = work
         self.label = label
+        self.stream = stream
         self._loop = loop
         self._wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if stream else ()))
         self._pending: deque[Any] = deque()
@@ -70,12 +81,15 @@ class Job:
         self._lock = threading.Lock()
         self._woken = False  # a wake-up is on its way to the event loop
         self._cancelled = threading.Event()
+        self.on_cancel: Callable[[], None] | None = None  # tells the engine, once it runs
         self.submitted = time.perf_counter()
         self.queue_s = 0.0
 
     def cancel(self) -> None:
         """Stop at the next round (or never start); safe from any thread, any time."""
         self._cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     @property
     def cancelled(self) -> bool:
@@ -121,7 +135,8 @@ class Totals:
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
-    rejected: int = 0  # 503: queue full or shutting down
+    rejected: int = 0  # 503: queue full, shutting down, engine down
+    engine_restarts: int = 0
     busy_s: float = 0.0
     stats: Stats = field(default_factory=Stats)
 
@@ -131,23 +146,37 @@ class Totals:
             "cancelled": self.cancelled,
             "failed": self.failed,
             "rejected": self.rejected,
+            "engine_restarts": self.engine_restarts,
             "tokens": self.stats.tokens,
         }
+
+
+@dataclass(frozen=True)
+class Down:
+    """Why the engine is not serving, and when the next start is due."""
+
+    reason: str
+    remote: bool
+    retry_at: float  # time.monotonic(); a start may be under way past it
+
+    def failure(self) -> Failure:
+        wait = max(1, math.ceil(self.retry_at - time.monotonic()))
+        what = "the target's RPC server is unreachable" if self.remote else \
+            "the engine is restarting"
+        return Failure(503, f"{what} ({self.reason}); retry later", "engine_unavailable", wait)
 
 
 class Worker:
     def __init__(
         self,
-        decoder: SpeculativeDecoder,
+        engine: Decoding,
         *,
         max_waiting: int,
         draft_max: int | str,
         draft_mode: str,
         log: Callable[[str], None] | None = None,
-        prepare: Callable[[], None] | None = None,
     ) -> None:
-        self.decoder = decoder
-        self._prepare = prepare
+        self.engine = engine
         self._prepared = threading.Event()
         self.draft_max = draft_max
         self.draft_mode = draft_mode
@@ -159,14 +188,16 @@ class Worker:
         self._lock = threading.Lock()
         self._current: Job | None = None
         self._closing = False
-        self._history: list[int] = []  # the last prompt + what was generated for it
-        # /health's "cache": the KV caches against _history after the last job
+        self._stop = threading.Event()  # ends a back-off wait at once
+        self._orders = 0
+        self.down: Down | None = None
+        # /health's "cache": the KV caches against the last request after it
         self.cache: dict[str, int | bool] = {"history": 0, "consistent": True}
         self._thread = threading.Thread(target=self._run, name="specllama-decoder", daemon=True)
 
     # ------------------------------------------------------------ event-loop side
     def start(self) -> None:
-        """Start the decoding thread; returns once it has run `prepare`."""
+        """Start the decoding thread; returns once it has run the engine's `prepare`."""
         self._thread.start()
         self._prepared.wait()
 
@@ -184,6 +215,9 @@ class Worker:
             if self._closing:
                 self.totals.rejected += 1
                 raise ShuttingDown
+            if self.down is not None:
+                self.totals.rejected += 1
+                raise Unavailable(self.down.failure())
             if self._in_flight > self.max_waiting:
                 self.totals.rejected += 1
                 raise QueueFull(self._retry_after())
@@ -203,88 +237,82 @@ class Worker:
         self._closing = True
 
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel the current job, turn away the waiting ones, stop the thread."""
+        """Cancel the current job, turn away the waiting ones, stop the thread (and
+        with it the engine)."""
         self._closing = True
+        self._stop.set()
         current = self._current
         if current is not None:
             current.cancel()
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join(timeout)
+        if isinstance(self.engine, EngineProcess):
+            self.engine.kill()  # a no-op unless the thread is stuck
 
     # ------------------------------------------------------------ worker thread
     def _run(self) -> None:
-        # Every llama.cpp decode of the process happens on this thread, `prepare`'s too:
-        # llama.cpp's OpenMP keeps a team of threads per thread that ever decoded, and
-        # decodes here ran at 0.6x (2 cores) once the main thread had decoded as well.
+        # Every llama.cpp decode of an in-process engine happens on this thread,
+        # `prepare`'s too: llama.cpp's OpenMP keeps a team of threads per thread that
+        # ever decoded, and decodes here ran at 0.6x (2 cores) once the main thread had
+        # decoded as well.
         try:
-            if self._prepare is not None:
-                self._prepare()
-        except Exception as exc:  # measured again at the first request; never fatal here
-            self._log(f"measuring decode costs failed: {type(exc).__name__}: {exc}")
+            why = self.engine.prepare()
+            if why:
+                self._log(why)
         finally:
             self._prepared.set()
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if self._closing:
-                job.put(Failure(ShuttingDown()))
-                job.put(_END)
-                with self._lock:
-                    self.totals.rejected += 1
-                    self._in_flight -= 1
-                continue
-            self._current = job
-            try:
-                self._serve(job)
-            finally:
-                self._current = None
-                with self._lock:
-                    self._in_flight -= 1
-                job.put(_END)
+        try:
+            while (job := self._jobs.get()) is not None:
+                self._current = job
+                lost = None
+                try:
+                    self._serve(job)
+                except EngineLost as exc:
+                    lost = exc
+                finally:
+                    self._current = None
+                    with self._lock:
+                        self._in_flight -= 1
+                    job.put(_END)
+                if lost is not None:
+                    self._recover(lost)
+        finally:
+            self.engine.close()
 
     def _serve(self, job: Job) -> None:
         started = time.perf_counter()
         job.queue_s = started - job.submitted
+        if self._closing or self.down is not None:
+            job.put(SHUTTING_DOWN if self._closing else self.down.failure())  # type: ignore[union-attr]
+            with self._lock:
+                self.totals.rejected += 1
+            return
         if job.cancelled:  # the client left while waiting
             with self._lock:
                 self.totals.cancelled += 1
             return
-        decoder, work = self.decoder, job.work
-        failed: Exception | None = None
-        finished = False
-        stream = None
+        self._orders += 1
+        order = Order(self._orders, job.work, job.stream, self.draft_max, self.draft_mode)
+        engine = self.engine
+        if isinstance(engine, EngineProcess):
+            job.on_cancel = lambda: engine.cancel(order.id)
         try:
-            # Inside the try: arguments refused here must fail this job, not the thread.
-            stream = decoder.stream(
-                work.tokens,
-                max_tokens=work.max_tokens,
-                sampling=work.sampling,
-                draft_max=self.draft_max,
-                draft_mode=self.draft_mode,  # type: ignore[arg-type]
-                stop=work.stop,
-                keep_cache=True,
-                constraint=work.constraint,
-                logprobs=work.logprobs,
-            )
-            for event in stream:
-                if job.cancelled:
-                    break
-                job.put(event)
-                finished = isinstance(event, Finished)
-        except Exception as exc:
-            failed = exc
-            job.put(Failure(exc))
-        finally:
-            if stream is not None:  # GeneratorExit in the engine: caches back to a prefix
-                stream.close()
-        result = stream.result if stream is not None else None  # None: it never began
-        if result is not None and not finished and failed is None:
-            job.put(Finished(result))  # cut short: what there is, for a stream to end on
-        if result is not None:
-            self._history = list(work.tokens) + list(result.tokens)
-        self.cache = cache_report(self._history, self.decoder.target, self.decoder.draft).as_dict()
+            outcome = engine.run(order, job.put, lambda: job.cancelled)
+        except EngineLost as lost:
+            with self._lock:  # from now on new requests get 503
+                self.down = Down(str(lost), lost.remote, time.monotonic())
+            job.put(self.down.failure() if lost.remote else Failure(
+                500, f"generation failed: {lost}; the engine is being restarted"))
+            self._account(job, started, None, lost)
+            raise
+        if outcome.failure is not None:
+            job.put(outcome.failure)
+        self.cache = outcome.cache
+        self._account(job, started, outcome.result, outcome.failure)
+
+    def _account(self, job: Job, started: float, result: Any,
+                 failed: Failure | EngineLost | None) -> None:
         with self._lock:
             t = self.totals
             t.busy_s += time.perf_counter() - started
@@ -298,10 +326,53 @@ class Worker:
                 t.stats.merge(result.stats)
         self._log(self._summary(job, result, failed))
 
+    def _recover(self, lost: EngineLost) -> None:
+        """The engine died serving a job (answered already): answer the waiting ones,
+        then start the engine again (backing off) until it serves or the server stops."""
+        engine = self.engine
+        assert isinstance(engine, EngineProcess)  # an in-process engine cannot be lost
+        self._log(f"engine lost: {lost}; starting it again")
+        delay = 0.0
+        while not self._stop.wait(delay):
+            self._answer_waiting()
+            try:
+                engine.start()
+            except SpecLlamaError as exc:  # EngineLost included: it died while loading
+                delay = min(max(1.0, 2 * delay), BACKOFF_MAX_S)
+                remote = lost.remote or isinstance(exc, EngineLost) and exc.remote
+                with self._lock:
+                    self.down = Down(str(exc), remote, time.monotonic() + delay)
+                self._log(f"engine not started: {exc}; next try in {delay:g} s")
+                continue
+            with self._lock:
+                self.down = None
+                self.totals.engine_restarts += 1
+            self._log(f"engine started again (pid {engine.pid})")
+            return
+
+    def _answer_waiting(self) -> None:
+        """Jobs that were queued when the engine died get their 503 now, not later."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:  # close(): put it back for the main loop
+                self._jobs.put(None)
+                return
+            failure = SHUTTING_DOWN if self._closing else (self.down or Down(
+                "starting", False, time.monotonic())).failure()
+            job.put(failure)
+            job.put(_END)
+            with self._lock:
+                self.totals.rejected += 1
+                self._in_flight -= 1
+
     @staticmethod
-    def _summary(job: Job, result: Any, failed: Exception | None) -> str:
+    def _summary(job: Job, result: Any, failed: Failure | EngineLost | None) -> str:
         if failed is not None:
-            return f"{job.label}: failed: {type(failed).__name__}: {failed}"
+            why = failed.message if isinstance(failed, Failure) else f"engine lost: {failed}"
+            return f"{job.label}: failed: {why}"
         if result is None:
             return f"{job.label}: cancelled before it began"
         s = result.stats

@@ -1,0 +1,136 @@
+"""One request's generation on a decoder: what the worker asks (an Order), what it
+gets back (events, then an Outcome), and how a failure answers (a Failure).
+
+`Engine` runs orders on a decoder in the calling thread. `specllama serve` runs it in
+an engine process (isolation.py), so these types are plain data that pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import (
+    ConstraintError,
+    ContextOverflowError,
+    Event,
+    Finished,
+    GenerationResult,
+    InvalidParameterError,
+    SpecLlamaError,
+    SpeculativeDecoder,
+    TargetToken,
+    TextFlushed,
+    TokensAccepted,
+)
+from ..engine.kvreport import cache_report
+from .prompts import Work
+
+#: The events that carry text: what a stream sends on.
+TEXT_EVENTS = (TokensAccepted, TargetToken, TextFlushed)
+
+# The errors a request itself can cause during its generation (400); any other failure
+# (a KV cache llama.cpp refused to cut, a failed decode, ...) is the server's (500).
+_CLIENT_ERRORS = (InvalidParameterError, ContextOverflowError, ConstraintError)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a request that could not be served answers (an OpenAI-shaped error)."""
+
+    status: int
+    message: str
+    code: str | None = None
+    retry_after: int | None = None  # seconds, for a 503
+
+    @classmethod
+    def of(cls, error: BaseException) -> Failure:
+        if isinstance(error, _CLIENT_ERRORS):
+            return cls(400, str(error))
+        what = str(error) if isinstance(error, SpecLlamaError) else \
+            f"{type(error).__name__}: {error}"
+        return cls(500, f"generation failed: {what}")
+
+
+SHUTTING_DOWN = Failure(503, "the server is shutting down", "shutting_down", 5)
+
+
+@dataclass(frozen=True)
+class Order:
+    """One request as the engine sees it; `id`s grow, so 'cancel up to id' is one number."""
+
+    id: int
+    work: Work
+    stream: bool  # hand over text events, not only the end
+    draft_max: int | str
+    draft_mode: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an order ended. `result` None: it never began."""
+
+    result: GenerationResult | None
+    failure: Failure | None = None
+    cache: dict[str, int | bool] = field(default_factory=dict)  # /health's "cache"
+
+
+class Engine:
+    """A decoder serving orders one at a time, on the calling thread."""
+
+    def __init__(self, decoder: SpeculativeDecoder,
+                 prepare: Callable[[], None] | None = None) -> None:
+        self.decoder = decoder
+        self._prepare = prepare
+        self._history: list[int] = []  # the last prompt + what was generated for it
+
+    def prepare(self) -> str | None:
+        """Measure auto's costs (on the thread that decodes); the reason if that failed."""
+        try:
+            if self._prepare is not None:
+                self._prepare()
+        except Exception as exc:  # measured again at the first request; never fatal here
+            return f"measuring decode costs failed: {type(exc).__name__}: {exc}"
+        return None
+
+    def run(self, order: Order, put: Callable[[Event], None],
+            cancelled: Callable[[], bool]) -> Outcome:
+        """Generate, handing over the events the request reads; a job cancelled stops
+        at the next event, between rounds (the engine then puts both KV caches back to
+        a prefix of what was committed, so the next request is served correctly)."""
+        wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if order.stream else ()))
+        work, failure, finished, stream = order.work, None, False, None
+        try:
+            # Inside the try: arguments refused here must fail this order, not the engine.
+            stream = self.decoder.stream(
+                work.tokens,
+                max_tokens=work.max_tokens,
+                sampling=work.sampling,
+                draft_max=order.draft_max,
+                draft_mode=order.draft_mode,  # type: ignore[arg-type]
+                stop=work.stop,
+                keep_cache=True,  # a resent conversation is evaluated from where it differs
+                constraint=work.constraint,
+                logprobs=work.logprobs,
+            )
+            for event in stream:
+                if cancelled():
+                    break
+                if isinstance(event, wanted):
+                    put(event)
+                finished = isinstance(event, Finished)
+        except Exception as exc:
+            failure = Failure.of(exc)
+        finally:
+            if stream is not None:  # GeneratorExit in the engine: caches back to a prefix
+                stream.close()
+        result = stream.result if stream is not None else None
+        if result is not None and not finished and failure is None:
+            put(Finished(result))  # cut short: what there is, for a stream to end on
+        if result is not None:
+            self._history = list(work.tokens) + list(result.tokens)
+        cache = cache_report(self._history, self.decoder.target, self.decoder.draft).as_dict()
+        return Outcome(result, failure, cache)
+
+    def close(self) -> None:
+        self.decoder.close()

@@ -1,0 +1,113 @@
+"""Servers the tests run as subprocesses: `specllama serve` and `specllama rpc-server`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from specllama.engine import rpc
+from specllama.errors import RpcError
+
+SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
+READY = re.compile(r"serving (\S+) at (http://\S+)/v1")
+
+
+class ServerProcess:
+    """`specllama serve --port 0 ...` in a subprocess; its stderr collected line by line."""
+
+    def __init__(self, args, tmp_path: Path) -> None:
+        env = {**os.environ, "SPECLLAMA_CACHE_DIR": str(tmp_path / "cache"), "NO_COLOR": "1",
+               "PYTHONUNBUFFERED": "1"}
+        env.pop("SPECLLAMA_API_KEY", None)
+        self.proc = subprocess.Popen(
+            [SPECLLAMA, "serve", "--port", "0", *map(str, args)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env=env,
+        )
+        self.lines: list[str] = []
+        self.url = self.model = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._ready.wait(120)
+        if self.url is None:
+            self.kill()
+            raise AssertionError(f"the server did not start:\n{self.stderr}")
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            found = READY.search(line)
+            if found and self.url is None:
+                self.model, self.url = found.groups()
+                self._ready.set()
+        self._ready.set()  # it exited
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def client(self, **kw) -> openai.OpenAI:
+        kw = {"api_key": "unused", "timeout": 60, "max_retries": 0, **kw}
+        return openai.OpenAI(base_url=f"{self.url}/v1", **kw)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.health()
+            if (not h["busy"] and not h["waiting"]) or time.monotonic() > deadline:
+                return h
+            time.sleep(0.05)
+
+    def rss_kib(self) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class RpcServerProcess:
+    """`specllama rpc-server` on 127.0.0.1:port, ready to take connections."""
+
+    def __init__(self, port: int) -> None:
+        self.endpoint = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [SPECLLAMA, "rpc-server", "--port", str(port), "--threads", "1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                rpc.check_server(self.endpoint, timeout=2)
+                return
+            except RpcError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
