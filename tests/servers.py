@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,9 +15,6 @@ from pathlib import Path
 
 import httpx
 import openai
-
-from specllama.engine import rpc
-from specllama.errors import RpcError
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 READY = re.compile(r"serving (\S+) at (http://\S+)/v1")
@@ -89,7 +87,9 @@ class ServerProcess:
 
 
 class RpcServerProcess:
-    """`specllama rpc-server` on 127.0.0.1:port, ready to take connections."""
+    """`specllama rpc-server` on 127.0.0.1:port, listening. It serves one client at a
+    time, so readiness is a TCP connection, not a HELLO: an engine that reconnects
+    first would hold it."""
 
     def __init__(self, port: int) -> None:
         self.endpoint = f"127.0.0.1:{port}"
@@ -99,12 +99,12 @@ class RpcServerProcess:
         deadline = time.monotonic() + 30
         while True:
             try:
-                rpc.check_server(self.endpoint, timeout=2)
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
                 return
-            except RpcError:
+            except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.kill()
-                    raise
+                    raise AssertionError(f"no rpc-server on port {port}") from None
                 time.sleep(0.1)
 
     def kill(self) -> None:

@@ -275,27 +275,46 @@ print("not reached", flush=True)
     assert lines[0].startswith("specllama: error: " + message.format(endpoint))
 
 
-def test_chat_says_why_it_ends_when_the_server_dies(tiny_target, tiny_draft, tmp_path):
+def test_chat_outlives_a_lost_server_and_retries(tiny_target, tiny_draft, tmp_path):
+    """The target's RPC server dies mid-conversation: that turn ends with one line, the
+    conversation stays, /retry fails in one line while the server is away and answers
+    once it is back on the same port."""
     pexpect = pytest.importorskip("pexpect")
+    from servers import RpcServerProcess
+
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "NO_COLOR": "1",
            "SPECLLAMA_CACHE_DIR": str(tmp_path / "cache")}
-    with rpc_server_process() as (endpoint, server_proc):
-        child = pexpect.spawn(SPECLLAMA, ["chat", "--target", str(tiny_target), "--draft",
-                                          str(tiny_draft), "--rpc", endpoint, "--threads", "1",
-                                          "--temperature", "0", "--max-tokens", "8"],
-                              env=env, encoding="utf-8", timeout=60, dimensions=(40, 120))
-        try:
-            child.expect_exact("/help for commands")
-            child.sendline("hello")
-            child.expect(r"\d+ tok .*tok/s")
-            server_proc.kill()
-            server_proc.wait(10)
-            child.sendline("hello again")
-            child.expect_exact(f"lost the RPC server {endpoint}")
-            child.expect(pexpect.EOF)
-        finally:
-            child.close(force=True)
-    assert child.exitstatus == 2
+    port = free_port()
+    rpc_server = RpcServerProcess(port)
+    child = pexpect.spawn(SPECLLAMA, ["chat", "--target", str(tiny_target), "--draft",
+                                      str(tiny_draft), "--rpc", rpc_server.endpoint,
+                                      "--threads", "1", "--temperature", "0",
+                                      "--max-tokens", "8"],
+                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect_exact("/help for commands")
+        child.sendline("hello")
+        child.expect(r"\d+ tok .*tok/s")
+        rpc_server.kill()
+        child.sendline("hello again")
+        child.expect_exact(f"lost the RPC server {rpc_server.endpoint}")
+        child.expect_exact("the conversation is kept; /retry sends your message again")
+        child.sendline("/retry")
+        child.expect_exact("the target is still unreachable: ")
+        rpc_server = RpcServerProcess(port)
+        child.sendline("/retry")
+        child.expect(r"\d+ tok .*tok/s")
+        child.sendline("/stats")
+        child.expect(r"conversation: \d+ of \d+ context tokens; 4 messages in context")
+        child.sendline("/retry")
+        child.expect_exact("nothing to retry")
+        child.expect_exact("\x1b[?2004h")  # the prompt is back
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+        rpc_server.kill()
+    assert child.exitstatus == 0
     assert "Traceback" not in (child.before or "")
 
 

@@ -401,16 +401,12 @@ def test_a_server_side_fault_is_a_500_not_the_clients_mistake(refusing_cache):
                                        "not drop cached tokens")
     assert server.health()["requests"]["failed"] == 1
 
-    # Streaming: the 200 is already sent, so the fault comes as an error event, then the end.
-    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30, json={
+    # Streaming: a fault before any text is the request's status too, not a 200.
+    r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
         "model": "mamba", "prompt": prompt[:3] + " " + prompt, "stream": True,
-    }) as r:
-        assert r.status_code == 200
-        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    events = [json.loads(d) for d in data[:-1]]
-    assert events[-1]["error"]["type"] == "server_error", events
-    assert all("error" not in e for e in events[:-1])
+    })
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error"
     assert server.health()["requests"]["failed"] == 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,9 +47,17 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
     sock = server.listen(host, port)
     # The models live in an engine process that may die (a lost RPC server) and is
     # started again; this process keeps the HTTP side and the target's vocabulary.
-    engine = server.EngineProcess(functools.partial(load_engine, run))
+    # SPECLLAMA_SERVE_IN_PROCESS=1: the models in this process (bench/isolation.py's
+    # baseline for what the isolation costs).
+    engine: server.Engine | server.EngineProcess
+    if os.environ.get("SPECLLAMA_SERVE_IN_PROCESS") == "1":
+        decoder, measure, settings = load_engine(run, True)
+        engine = server.Engine(decoder, measure)
+    else:
+        engine = server.EngineProcess(functools.partial(load_engine, run))
     try:
-        settings: RunSettings = engine.start()
+        if isinstance(engine, server.EngineProcess):
+            settings = engine.start()
         vocab = Vocabulary(settings.target)
         model_id = settings.pair or Path(settings.target).stem
         config = server.ServeConfig(

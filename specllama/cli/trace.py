@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..engine.events import Event, Finished, GenerationResult, RoundVerified
 from ..engine.stats import Stats
@@ -20,7 +20,7 @@ from ..errors import InvalidParameterError
 from .tracepage import PageGeneration, TraceToken, render_page, trace_meta
 
 if TYPE_CHECKING:
-    from ..engine.decoder import SpeculativeDecoder
+    from ..engine.llama import Vocabulary
 
 TRACE_FORMAT = "specllama-trace/1"
 
@@ -155,7 +155,14 @@ class TraceRecorder:
         return kind
 
 
-def token_piece(decoder: SpeculativeDecoder) -> Callable[[int], bytes]:
+class _Pair(Protocol):
+    @property
+    def target(self) -> Vocabulary: ...
+    @property
+    def draft(self) -> Vocabulary | None: ...
+
+
+def token_piece(decoder: _Pair) -> Callable[[int], bytes]:
     """Text of any token a round may show: the target's, or for an id only the draft's
     vocabulary has (a rejected draft of an uneven pair) the draft model's."""
     target, draft = decoder.target, decoder.draft

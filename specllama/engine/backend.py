@@ -204,6 +204,8 @@ def _fatal(message: str, remote: bool = False) -> None:
         if _LAST_WORDS:
             _LAST_WORDS[0](message, remote)
         else:
+            if remote and message.startswith("lost"):
+                message += "; the target lives there, so generation cannot go on"
             os.write(2, f"specllama: error: {message}\n".encode(errors="replace"))
     finally:
         os._exit(2)
@@ -264,8 +266,8 @@ def _install_abort_handler() -> None:
         text = (raw or b"").decode("utf-8", errors="replace").strip()
         text = text.split(": ", 1)[-1] if text.count(":") >= 2 else text  # drop file:line
         if "RPC" in text or "connect" in text:
-            _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')}); "
-                   "the target lives there, so generation cannot go on", remote=True)
+            _fatal(f"lost the RPC server {', '.join(sorted(_RPC_SEEN))} ({text.rstrip('.')})",
+                   remote=True)
         _fatal(f"llama.cpp aborted: {text}")
 
     _ABORT_HANDLER.append(_ABORT_CALLBACK(on_abort))

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import Finished
+from .. import Event, Finished
 from ..engine.llama import Vocabulary
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
 from .prompts import Defaults, Work, build_work
@@ -35,6 +35,9 @@ GRACE_S = 30
 # A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
 # its 413 instead of a connection reset halfway through sending.
 _DRAIN_LIMIT = 4 * MAX_BODY
+
+
+Batches = AsyncIterator[list[Event | Failure]]
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,15 @@ class _API:
         except Unavailable as exc:
             raise _api_error(exc.failure) from None
         if req.stream:
+            # The 200 goes out once the job runs: one that never does (the engine lost
+            # while it waited, the server stopping) gets its 503 as a status.
+            batches = job.batches()
+            first = await self._first_batch(job, batches, request)
             # On shutdown sse-starlette sets `stopping` and waits for the stream to end.
             stopping = anyio.Event()
             return EventSourceResponse(
-                self._stream(job, work, rid, req.include_usage, stopping),
+                self._stream(job, work, rid, req.include_usage, stopping,
+                             _prepend(first, batches)),
                 sep="\n",
                 shutdown_event=stopping,
                 shutdown_grace_period=GRACE_S,
@@ -227,8 +235,28 @@ class _API:
         return completion(work, rid, self.config.model_id, result, self._figures(job, result),
                           self.vocab.piece)
 
+    @staticmethod
+    async def _first_batch(job: Job, batches: Batches,
+                           request: Request) -> list[Event | Failure]:
+        """What the job hands over first (a client that hangs up meanwhile cancels it);
+        a Failure alone is the request's error status."""
+        def hung_up(task: asyncio.Task[None]) -> None:
+            if not task.cancelled():
+                job.cancel()
+
+        watcher = asyncio.create_task(_disconnected(request))
+        watcher.add_done_callback(hung_up)
+        try:
+            first: list[Event | Failure] = await anext(batches, [])
+        finally:
+            watcher.cancel()
+        if len(first) == 1 and isinstance(first[0], Failure):
+            raise _api_error(first[0])
+        return first
+
     async def _stream(
-        self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event
+        self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event,
+        batches: Batches,
     ) -> AsyncIterator[dict[str, str]]:
         """The server stopping cuts the generation at the next round; the stream still
         ends properly (a last chunk with the figures, then [DONE])."""
@@ -238,7 +266,7 @@ class _API:
             first = chunks.start()
             if first is not None:
                 yield _sse(first)
-            async for batch in job.batches():
+            async for batch in batches:
                 # Text that arrived together goes out as one chunk.
                 text = "".join(i.text for i in batch if isinstance(i, TEXT_EVENTS))
                 if text:
@@ -304,6 +332,13 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client hangs up (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def _prepend(first: list[Event | Failure], rest: Batches) -> Batches:
+    if first:
+        yield first
+    async for batch in rest:
+        yield batch
 
 
 def _sse(body: dict[str, Any]) -> dict[str, str]:

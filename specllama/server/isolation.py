@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import Event, SpecLlamaError, SpeculativeDecoder
 from ..engine import backend
-from .jobs import Engine, Order, Outcome
+from .jobs import CALLS, Engine, Evaluated, Order, Outcome
 
 #: What builds the decoder in the child, given whether this is the server's first
 #: load; returns it, how to measure auto's costs, and what to tell the parent (the
@@ -63,6 +64,18 @@ class _LoadFailed:
 class _LastWords:
     message: str
     remote: bool
+
+
+@dataclass(frozen=True)
+class _Call:
+    name: str  # one of jobs.CALLS
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Reply:
+    value: Any
+    error: BaseException | None = None
 
 
 class EngineProcess:
@@ -111,23 +124,54 @@ class EngineProcess:
     def prepare(self) -> str | None:
         return None  # the child measured auto's costs before it said it was ready
 
-    def run(self, order: Order, put: Callable[[Event], None],
+    @property
+    def running(self) -> bool:
+        return self._conn is not None
+
+    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
-        conn = self._conn
-        if conn is None:
-            raise EngineLost("the engine process is not running")
+        for message in self.messages(order):
+            if isinstance(message, Outcome):
+                return message
+            put(message)
+        raise EngineLost("the engine process sent no outcome")  # pragma: no cover
+
+    def messages(self, order: Order) -> Iterator[Event | Evaluated | Outcome]:
+        """Send the order; yield what comes back, its Outcome last."""
+        conn = self._connection()
         try:
             conn.send(order)
             while True:
-                message = conn.recv()
+                message = self._receive(conn)
+                yield message
                 if isinstance(message, Outcome):
-                    return message
-                if isinstance(message, _LastWords):
-                    self._last_words = message
-                else:
-                    put(message)
+                    return
         except (EOFError, OSError):
             raise self._lost() from None
+
+    def call(self, name: str, *args: Any) -> Any:
+        """One of the Engine's CALLS, in the child; its value, or its error raised here."""
+        assert name in CALLS, name
+        conn = self._connection()
+        try:
+            conn.send(_Call(name, args))
+            reply = self._receive(conn)
+        except (EOFError, OSError):
+            raise self._lost() from None
+        assert isinstance(reply, _Reply)
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            raise EngineLost("the engine process is not running")
+        return self._conn
+
+    def _receive(self, conn: Connection) -> Any:
+        while isinstance(message := conn.recv(), _LastWords):
+            self._last_words = message
+        return message
 
     def cancel(self, order_id: int) -> None:
         """From any thread: the child stops the order at its next round."""
@@ -194,13 +238,22 @@ def _child(factory: Factory, first: bool, conn: Connection, cancel: Any) -> None
         print(why, file=sys.stderr)
     send(_Ready(info, multiprocessing.current_process().pid or 0))
     try:
-        while (order := conn.recv()) is not None:
-            last = order.id
-            send(engine.run(order, send, lambda: bool(cancel.value >= last)))
+        while (message := conn.recv()) is not None:
+            if isinstance(message, _Call) and message.name in CALLS:
+                try:
+                    send(_Reply(getattr(engine, message.name)(*message.args)))
+                except Exception as exc:
+                    send(_Reply(None, _picklable(exc)))
+                continue
+            send(engine.run(message, send, functools.partial(_cancelled, cancel, message.id)))
     except (EOFError, OSError):  # the parent is gone
         pass
     finally:
         engine.close()
+
+
+def _cancelled(cancel: Any, order_id: int) -> bool:
+    return bool(cancel.value >= order_id)
 
 
 def _picklable(exc: BaseException) -> BaseException:

@@ -7,8 +7,9 @@ an engine process (isolation.py), so these types are plain data that pickle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .. import (
     ConstraintError,
@@ -17,13 +18,16 @@ from .. import (
     Finished,
     GenerationResult,
     InvalidParameterError,
+    PromptEvaluated,
     SpecLlamaError,
     SpeculativeDecoder,
+    Stats,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
-from ..engine.kvreport import cache_report
+from ..engine.kvreport import CacheReport, cache_report
+from ..policy.compare import Comparison, compare_with_target
 from .prompts import Work
 
 #: The events that carry text: what a stream sends on.
@@ -61,9 +65,17 @@ class Order:
 
     id: int
     work: Work
-    stream: bool  # hand over text events, not only the end
+    events: Literal["end", "text", "all"]  # what to hand over before the Outcome
     draft_max: int | str
     draft_mode: str
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """Tokens each model has decoded so far (chat's per-turn figures), sent before a
+    PromptEvaluated when an order wants every event."""
+
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class Outcome:
     result: GenerationResult | None
     failure: Failure | None = None
     cache: dict[str, int | bool] = field(default_factory=dict)  # /health's "cache"
+    evaluated: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -93,12 +106,13 @@ class Engine:
             return f"measuring decode costs failed: {type(exc).__name__}: {exc}"
         return None
 
-    def run(self, order: Order, put: Callable[[Event], None],
+    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
         """Generate, handing over the events the request reads; a job cancelled stops
         at the next event, between rounds (the engine then puts both KV caches back to
         a prefix of what was committed, so the next request is served correctly)."""
-        wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if order.stream else ()))
+        wanted: tuple[type, ...] = {"end": (Finished,), "text": (Finished, *TEXT_EVENTS),
+                                     "all": (object,)}[order.events]
         work, failure, finished, stream = order.work, None, False, None
         try:
             # Inside the try: arguments refused here must fail this order, not the engine.
@@ -116,6 +130,8 @@ class Engine:
             for event in stream:
                 if cancelled():
                     break
+                if isinstance(event, PromptEvaluated) and order.events == "all":
+                    put(Evaluated(self.evaluated()))
                 if isinstance(event, wanted):
                     put(event)
                 finished = isinstance(event, Finished)
@@ -130,7 +146,34 @@ class Engine:
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
         cache = cache_report(self._history, self.decoder.target, self.decoder.draft).as_dict()
-        return Outcome(result, failure, cache)
+        return Outcome(result, failure, cache, self.evaluated())
 
     def close(self) -> None:
         self.decoder.close()
+
+    # ------------------------------------------- what chat asks of a remote decoder
+    def evaluated(self) -> dict[str, int]:
+        d = self.decoder
+        counts = {"target": d.target.tokens_evaluated}
+        if d.draft is not None:
+            counts["draft"] = d.draft.tokens_evaluated
+        return counts
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Both caches back to (a prefix of) `tokens`: a turn withdrawn."""
+        for model in (self.decoder.target, self.decoder.draft):
+            if model is not None:
+                model.sync_to(list(tokens))
+
+    def cache_report(self, history: Sequence[int]) -> CacheReport:
+        return cache_report(history, self.decoder.target, self.decoder.draft)
+
+    def compare(self, stats: Stats) -> Comparison:
+        return compare_with_target(self.decoder, stats)
+
+    def set_p_min(self, value: float) -> None:
+        self.decoder.p_min = value
+
+
+#: The Engine methods an engine process answers besides orders (isolation.py).
+CALLS = frozenset({"evaluated", "sync", "cache_report", "compare", "set_p_min"})

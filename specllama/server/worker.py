@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from .. import Event, Finished, SpecLlamaError, Stats
 from .isolation import EngineLost, EngineProcess
-from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure, Order, Outcome
+from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Evaluated, Failure, Order, Outcome
 from .prompts import Work
 
 # Seconds between attempts to start a lost engine again: doubling up to this.
@@ -37,7 +37,7 @@ BACKOFF_MAX_S = 10.0
 
 class Decoding(Protocol):
     def prepare(self) -> str | None: ...
-    def run(self, order: Order, put: Callable[[Event], None],
+    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome: ...
     def close(self) -> None: ...
 
@@ -293,7 +293,8 @@ class Worker:
                 self.totals.cancelled += 1
             return
         self._orders += 1
-        order = Order(self._orders, job.work, job.stream, self.draft_max, self.draft_mode)
+        order = Order(self._orders, job.work, "text" if job.stream else "end",
+                      self.draft_max, self.draft_mode)
         engine = self.engine
         if isinstance(engine, EngineProcess):
             job.on_cancel = lambda: engine.cancel(order.id)

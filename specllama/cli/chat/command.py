@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ... import SpeculativeDecoder
 from ..options import (
     RunOptions,
     model_options,
@@ -15,6 +16,7 @@ from ..options import (
     view_options,
 )
 from ..ui import stderr_console
+from .remote import RemoteDecoder, target_is_remote
 from .repl import ChatREPL
 from .session import ChatSession
 
@@ -34,7 +36,14 @@ def chat_command(run: RunOptions, system: str | None, plain: bool, show_drafts: 
     line of stdin is one message (or a slash command); the replies go to stdout.
     """
     err = stderr_console(plain=plain)
-    decoder, settings = open_decoder(run, err)
+    # A remote target can vanish (RPC server lost): the models then live in an engine
+    # process, so that the conversation outlives it.
+    decoder: SpeculativeDecoder | RemoteDecoder
+    if target_is_remote(run):
+        decoder = RemoteDecoder(run)
+        settings = decoder.settings
+    else:
+        decoder, settings = open_decoder(run, err)
     try:
         session = ChatSession(decoder, settings, system=system)
         interactive = sys.stdin.isatty()

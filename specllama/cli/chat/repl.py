@@ -24,7 +24,6 @@ from ...engine.events import (
 )
 from ...engine.settings import LIVE_SETTINGS
 from ...errors import InvalidParameterError, SpecLlamaError
-from ...policy.compare import compare_with_target
 from ...policy.cpumeter import CpuMeter
 from ..liveview import LiveDrafts
 from ..trace import token_piece
@@ -38,11 +37,12 @@ HELP = [
     ("/set [NAME VALUE]", "show settings, or change one: " + ", ".join(LIVE_SETTINGS)
      + ", show_drafts (on/off), pace (ms)"),
     ("/system [TEXT|-]", "show, set or ('-') remove the system prompt"),
+    ("/retry", "send again the last message, when its reply failed"),
     ("/save FILE", "save the conversation (FILE.json: JSON, FILE.html: trace page, "
                    "else Markdown)"),
     ("/exit", "quit (also /quit, Ctrl-D)"),
 ]
-COMMANDS = ("help", "reset", "stats", "set", "system", "save", "exit", "quit")
+COMMANDS = ("help", "reset", "stats", "set", "system", "retry", "save", "exit", "quit")
 _FINISH_NOTES = {
     "interrupted": "interrupted",
     "length": "cut at max_tokens",
@@ -297,6 +297,7 @@ class ChatREPL:
             "stats": self.cmd_stats,
             "set": self.cmd_set,
             "system": self.cmd_system,
+            "retry": self.cmd_retry,
             "save": self.cmd_save,
             "exit": self.cmd_exit,
             "quit": self.cmd_exit,
@@ -377,6 +378,13 @@ class ChatREPL:
         self.err.print(Text("system prompt " + ("removed" if arg == "-" else "set")
                             + "; it applies from the next reply", style="dim"))
 
+    def cmd_retry(self, arg: str) -> None:
+        text = self.session.unanswered
+        if text is None:
+            self.err.print(Text("nothing to retry: the last message has its reply", style="dim"))
+            return
+        self.answer(text)
+
     def cmd_save(self, arg: str) -> None:
         if not arg:
             raise InvalidParameterError("/save needs a file name, e.g. /save chat.md")
@@ -396,7 +404,7 @@ class ChatREPL:
             return
         self.err.print(
             stats_table(s.totals, title=f"{title_prefix}: {_plural(s.replies, 'reply', 'replies')}",
-                        comparison=compare_with_target(s.decoder, s.totals), why=why)
+                        comparison=s.compare(), why=why)
         )
 
 

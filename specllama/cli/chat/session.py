@@ -34,8 +34,10 @@ from ...engine.kvreport import CacheReport, cache_report
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
+from ...policy.compare import Comparison, compare_with_target
 from ..options import RunSettings
 from ..trace import TraceRecorder, token_piece
+from .remote import RemoteDecoder, RemoteStream
 from .transcript import Message, Transcript
 
 _ALIASES = {"temp": "temperature", "t": "temperature", "k": "draft_max", "max": "max_tokens"}
@@ -113,7 +115,7 @@ class ChatSession:
 
     def __init__(
         self,
-        decoder: SpeculativeDecoder,
+        decoder: SpeculativeDecoder | RemoteDecoder,
         settings: RunSettings,
         *,
         system: str | None = None,
@@ -126,6 +128,7 @@ class ChatSession:
         self.totals = Stats()  # every reply of the session
         self.replies = 0
         self.last_turn: TurnInfo | None = None
+        self.unanswered: str | None = None  # a message whose turn failed: /retry
         self.committed: list[int] = []  # tokens of the last prompt + reply (cache check)
         self._anchor: _Anchor | None = None
         self.template: str | None = decoder.target.chat_template()
@@ -218,7 +221,7 @@ class ChatSession:
                 if rest_tokens and self._starts_with_special(rest, rest_tokens[0]):
                     return anchor.prompt_tokens + anchor.reply_tokens + rest_tokens
         if self.template is None:
-            return self.decoder.tokenize(text)
+            return target.tokenize(text, add_bos=target.adds_bos, special=True)
         return target.tokenize_chat(text)
 
     def _starts_with_special(self, text: str, token: int) -> bool:
@@ -281,6 +284,7 @@ class ChatSession:
         trimmed: HistoryTrimmed | None,
     ) -> Generator[Event | HistoryTrimmed, None, None]:
         self.messages.append(pending)
+        self.unanswered = pending.content
         self.first_kept = first_kept
         models = {"target": self.decoder.target}
         if self.decoder.draft is not None:
@@ -289,7 +293,7 @@ class ChatSession:
         turn = TurnInfo(len(tokens), 0, {}, {}, trimmed=trimmed, prompt_text=text)
         self.last_turn = turn
         s = self.settings
-        stream: GenerationStream | None = None
+        stream: GenerationStream | RemoteStream | None = None
         self.trace.begin(pending.content)
         try:
             stream = self.decoder.stream(
@@ -333,6 +337,7 @@ class ChatSession:
                 if model is not None:
                     model.sync_to(self.committed[:-1])
             return
+        self.unanswered = None
         generated = list(result.tokens)
         body = generated[:-1] if generated and target.is_eog(generated[-1]) else generated
         if self.plain_format:
@@ -379,7 +384,17 @@ class ChatSession:
 
     def cache_report(self) -> CacheReport:
         """Both caches against the token history (for /debug-cache and tests)."""
+        if isinstance(self.decoder, RemoteDecoder):
+            return self.decoder.cache_report(self.committed)
         return cache_report(self.committed, self.decoder.target, self.decoder.draft)
+
+    def compare(self) -> Comparison:
+        """The session's speed against the target alone, from measured costs."""
+        if isinstance(self.decoder, RemoteDecoder):
+            if self.decoder.lost is not None or not self.totals.drafted:
+                return Comparison("off")
+            return self.decoder.compare(self.totals)
+        return compare_with_target(self.decoder, self.totals)
 
     # ------------------------------------------------------------------ save
 

@@ -1,0 +1,205 @@
+"""`specllama chat` with its target on an RPC server: the models in an engine process
+(server/isolation.py), so that a lost server ends a turn, not the conversation.
+
+`RemoteDecoder` stands in for the SpeculativeDecoder that ChatSession drives: the
+vocabularies are loaded here (vocab_only), generation and the caches live in the engine
+process. When that process dies, the turn ends with one line; the next call starts it
+again (loading the pair, which fails with one line while the server is still away).
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ... import Event, GenerationResult, SpecLlamaError, SpeculativeDecoder, Stats
+from ...engine.kvreport import CacheReport
+from ...engine.llama import Vocabulary
+from ...policy.compare import Comparison
+from ...server.isolation import EngineLost, EngineProcess
+from ...server.jobs import Evaluated, Order, Outcome
+from ...server.prompts import Work
+from ..options import RunOptions, RunSettings, find_and_load_config, open_decoder, resolve_settings
+from ..ui import stderr_console
+
+RETRY_HINT = "the conversation is kept; /retry sends your message again"
+
+
+def target_is_remote(run: RunOptions) -> bool:
+    """--rpc, or a pair whose target lists RPC servers (models.toml)."""
+    pair = None if run.target else find_and_load_config(run.config_path).pair(run.pair_name)
+    merged = resolve_settings(run, pair)
+    return bool(merged.rpc or (pair.target_rpc if pair else ()))
+
+
+def load_engine(run: RunOptions, first: bool) -> tuple[SpeculativeDecoder, Any, Any]:
+    """In the engine process: load as `chat` does (costs measured on this, the decoding
+    thread); tell the settings and the draft's file."""
+    decoder, settings = open_decoder(run, stderr_console(plain=not first))
+    draft = str(decoder.draft.path) if decoder.draft is not None else None
+    return decoder, lambda: None, (settings, draft)
+
+
+class RemoteModel(Vocabulary):
+    """One model of the pair as chat sees it: its vocabulary here, its cache there."""
+
+    def __init__(self, path: str, name: str, owner: RemoteDecoder) -> None:
+        super().__init__(path)
+        self._name, self._owner = name, owner
+
+    @property
+    def tokens_evaluated(self) -> int:
+        return self._owner.evaluated.get(self._name, 0)
+
+    def sync_to(self, tokens: list[int]) -> int:
+        if self._owner.lost is None:  # a new engine starts with empty caches anyway
+            self._owner.call("sync", tokens)
+        return 0
+
+
+class RemoteDecoder:
+    """The parts of SpeculativeDecoder that chat uses, over an engine process."""
+
+    def __init__(self, run: RunOptions) -> None:
+        self._engine = EngineProcess(functools.partial(load_engine, run))
+        settings, draft = self._engine.start()
+        self.settings: RunSettings = settings
+        self.n_ctx: int = settings.n_ctx
+        self._p_min: float = settings.p_min
+        self.evaluated: dict[str, int] = {}
+        self.lost: EngineLost | None = None
+        self._orders = 0
+        self.target = RemoteModel(settings.target, "target", self)
+        self.draft = RemoteModel(draft, "draft", self) if draft else None
+
+    @property
+    def p_min(self) -> float:
+        return self._p_min
+
+    @p_min.setter
+    def p_min(self, value: float) -> None:
+        self._p_min = value
+        if self.lost is None:
+            self.call("set_p_min", value)
+
+    def call(self, name: str, *args: Any) -> Any:
+        self._ensure()
+        try:
+            return self._engine.call(name, *args)
+        except EngineLost as exc:
+            self.lost = exc
+            raise SpecLlamaError(f"{exc}; {RETRY_HINT}") from None
+
+    def _ensure(self) -> None:
+        """Start the engine again after a loss (the pair loads anew: seconds)."""
+        if self.lost is None:
+            return
+        try:
+            self._engine.start()
+        except SpecLlamaError as exc:
+            raise SpecLlamaError(f"the target is still unreachable: {exc}; {RETRY_HINT}") \
+                from None
+        self.lost, self.evaluated = None, {}
+        self._engine.call("set_p_min", self._p_min)
+
+    def stream(self, tokens: Sequence[int], *, max_tokens: int, sampling: Any,
+               draft_max: int | str, draft_mode: str, stop: Sequence[str] = (),
+               keep_cache: bool = True, constraint: Any = None) -> RemoteStream:
+        self._ensure()
+        self._orders += 1
+        work = Work("chat", list(tokens), max_tokens, sampling, tuple(stop), constraint)
+        return RemoteStream(self, Order(self._orders, work, "all", draft_max, draft_mode))
+
+    def cache_report(self, history: Sequence[int]) -> CacheReport:
+        report: CacheReport = self.call("cache_report", list(history))
+        return report
+
+    def compare(self, stats: Stats) -> Comparison:
+        comparison: Comparison = self.call("compare", stats)
+        return comparison
+
+    def close(self) -> None:
+        self._engine.close()
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.close()
+
+
+class RemoteStream:
+    """A GenerationStream's face (iterate, `result`, `close`) over an engine process."""
+
+    def __init__(self, owner: RemoteDecoder, order: Order) -> None:
+        self._owner, self._order = owner, order
+        self._messages = owner._engine.messages(order)
+        self._done = False
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        while not self._done:
+            message = self._next()
+            if isinstance(message, Evaluated):
+                self._owner.evaluated = message.counts
+            elif not isinstance(message, Outcome):
+                yield message
+
+    def close(self) -> None:
+        """Stop the generation at its next round and read what is left of it."""
+        if not self._done:
+            self._owner._engine.cancel(self._order.id)
+            with _sigint_ignored():
+                while not self._done:
+                    self._next()
+
+    def _next(self) -> Any:
+        try:
+            with _whole_messages(lambda: self._owner._engine.cancel(self._order.id)):
+                message = next(self._messages)
+        except EngineLost as exc:
+            self._done, self._owner.lost = True, exc
+            raise SpecLlamaError(f"{exc}; {RETRY_HINT}") from None
+        if isinstance(message, Outcome):
+            self._done = True
+            self._owner.evaluated = message.evaluated
+            self.result = message.result
+            if message.failure is not None:
+                raise SpecLlamaError(message.failure.message)
+        return message
+
+
+@contextmanager
+def _whole_messages(on_interrupt: Any) -> Iterator[None]:
+    """Ctrl-C waits until the message being read is whole (half of one would leave the
+    pipe out of step), then raises; the engine is told at once."""
+    hit: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        hit.append(signum)
+        on_interrupt()
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
