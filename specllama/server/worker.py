@@ -283,8 +283,9 @@ class Worker:
     def _serve(self, job: Job) -> None:
         started = time.perf_counter()
         job.queue_s = started - job.submitted
-        if self._closing or self.down is not None:
-            job.put(SHUTTING_DOWN if self._closing else self.down.failure())  # type: ignore[union-attr]
+        down = self.down
+        if self._closing or down is not None:
+            job.put(SHUTTING_DOWN if self._closing or down is None else down.failure())
             with self._lock:
                 self.totals.rejected += 1
             return
