@@ -10,9 +10,7 @@ again (loading the pair, which fails with one line while the server is still awa
 from __future__ import annotations
 
 import functools
-import signal
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from ... import Event, GenerationResult, SpecLlamaError, SpeculativeDecoder, Stats
@@ -24,6 +22,7 @@ from ...server.jobs import Evaluated, Order, Outcome
 from ...server.prompts import Work
 from ..options import RunOptions, RunSettings, find_and_load_config, open_decoder, resolve_settings
 from ..ui import stderr_console
+from .signals import sigint_ignored, whole_messages
 
 RETRY_HINT = "the conversation is kept; /retry sends your message again"
 
@@ -149,13 +148,13 @@ class RemoteStream:
         """Stop the generation at its next round and read what is left of it."""
         if not self._done:
             self._owner._engine.cancel(self._order.id)
-            with _sigint_ignored():
+            with sigint_ignored():
                 while not self._done:
                     self._next()
 
     def _next(self) -> Any:
         try:
-            with _whole_messages(lambda: self._owner._engine.cancel(self._order.id)):
+            with whole_messages(lambda: self._owner._engine.cancel(self._order.id)):
                 message = next(self._messages)
         except EngineLost as exc:
             self._done, self._owner.lost = True, exc
@@ -167,39 +166,3 @@ class RemoteStream:
             if message.failure is not None:
                 raise SpecLlamaError(message.failure.message)
         return message
-
-
-@contextmanager
-def _whole_messages(on_interrupt: Any) -> Iterator[None]:
-    """Ctrl-C waits until the message being read is whole (half of one would leave the
-    pipe out of step), then raises; the engine is told at once."""
-    hit: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        hit.append(signum)
-        on_interrupt()
-
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if hit:
-        raise KeyboardInterrupt
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import signal
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,6 +27,7 @@ from ..liveview import LiveDrafts
 from ..trace import token_piece
 from ..ui import TokenPrinter, stats_footer, stats_table, stderr_console
 from .session import ChatSession, HistoryTrimmed
+from .signals import sigint_ignored
 
 HELP = [
     ("/help", "this list"),
@@ -53,20 +52,6 @@ _FINISH_NOTES = {
 
 class _Exit(Exception):
     pass
-
-
-@contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Ignore a second Ctrl-C while the caches are being put back in order."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class ChatREPL:
@@ -236,11 +221,11 @@ class ChatREPL:
                 elif isinstance(event, (DraftProposed, RoundVerified)):
                     printer.show(event)
         except KeyboardInterrupt:
-            with _sigint_deferred():
+            with sigint_ignored():
                 events.close()
             return True
         except SpecLlamaError:
-            with _sigint_deferred():
+            with sigint_ignored():
                 events.close()
             raise
         return False
