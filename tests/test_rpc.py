@@ -295,6 +295,15 @@ def test_chat_outlives_a_lost_server_and_retries(tiny_target, tiny_draft, tmp_pa
         child.expect_exact("/help for commands")
         child.sendline("hello")
         child.expect(r"\d+ tok .*tok/s")
+        # Ctrl-C mid-reply reaches the engine process; both caches stay consistent.
+        child.sendline("/set max_tokens 2000")
+        child.expect_exact("max_tokens = 2000")
+        child.sendline("the cat and the dog")
+        child.expect("\x1b\\[\\?2004l" + r"[^\x1b\r\n]{8}")  # the reply is under way
+        child.sendintr()
+        child.expect_exact("(interrupted)")
+        child.sendline("/debug-cache")
+        child.expect_exact("consistent=True")
         rpc_server.kill()
         child.sendline("hello again")
         child.expect_exact(f"lost the RPC server {rpc_server.endpoint}")
@@ -305,7 +314,7 @@ def test_chat_outlives_a_lost_server_and_retries(tiny_target, tiny_draft, tmp_pa
         child.sendline("/retry")
         child.expect(r"\d+ tok .*tok/s")
         child.sendline("/stats")
-        child.expect(r"conversation: \d+ of \d+ context tokens; 4 messages in context")
+        child.expect(r"conversation: \d+ of \d+ context tokens; 6 messages in context")
         child.sendline("/retry")
         child.expect_exact("nothing to retry")
         child.expect_exact("\x1b[?2004h")  # the prompt is back
