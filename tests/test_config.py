@@ -132,6 +132,18 @@ def test_defaults_as_dict_has_only_the_set_values(tmp_path):
     assert load_config(path).pair("qwen7b").defaults.as_dict() == {"top_p": 0.9, "seed": 7}
 
 
+def test_corpus_and_draft_cache_paths_are_relative_to_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = QWEN + ('[pairs.qwen7b.defaults]\ncorpus = ["docs", "/abs/notes.md"]\n'
+                   'draft_cache = "cache/drafts.bin"\n')
+    path = write(tmp_path / "conf" / "models.toml", text)
+    values = load_config(path).pair("qwen7b").defaults.as_dict()
+    assert values["corpus"] == (str(tmp_path / "conf" / "docs"), "/abs/notes.md")
+    assert values["draft_cache"] == str(tmp_path / "conf" / "cache" / "drafts.bin")
+    off = write(tmp_path / "off.toml", QWEN + '[pairs.qwen7b.defaults]\ndraft_cache = "off"\n')
+    assert load_config(off).pair("qwen7b").defaults.as_dict()["draft_cache"] == "off"
+
+
 def test_integers_are_accepted_for_float_settings(tmp_path):
     path = write(
         tmp_path / "models.toml",

@@ -206,8 +206,16 @@ class _Loader(SourceReader):
             normalized, problem = SETTINGS[name].check(value)
             if problem is not None:
                 self.fail(key, problem)
-            values[name] = normalized
+            values[name] = self._from_here(name, normalized)
         return PairDefaults.of(**values)
+
+    def _from_here(self, name: str, value: Any) -> Any:
+        """Paths in the file are relative to it, as a pair's target and draft are."""
+        if name == "corpus":
+            return tuple(str(self.base_dir / Path(p).expanduser()) for p in value)
+        if name == "draft_cache" and value != "off":
+            return str(self.base_dir / Path(value).expanduser())
+        return value
 
 
 def _toml_error(display: str, exc: tomllib.TOMLDecodeError) -> ConfigError:
