@@ -148,6 +148,19 @@ def test_greedy_output_equals_specllama_generate(server, client, tiny_target, ti
     assert got.usage.prompt_tokens == chat["prompt_tokens"]
 
 
+def test_a_request_drafts_from_the_answers_before_it(server, client):
+    """The server's history: a request that writes what an earlier one wrote copies it,
+    counted as drafted from the session, and the text is the same (greedy)."""
+    body = {"model": server.model, "prompt": "a dog and a cat and a bird", "max_tokens": 24,
+            "temperature": 0}
+    first = client.completions.create(**body)
+    second = client.completions.create(**body)
+    assert second.choices[0].text == first.choices[0].text
+    figures = second.model_extra["speculative"]
+    assert figures["origin_drafted"].get("session", 0) > 0, figures
+    assert figures["origin_accepted"].get("session", 0) > 0, figures
+
+
 def test_stop_and_max_tokens(server, client):
     kw = dict(model=server.model, prompt=PROMPT, temperature=0)
     full = client.completions.create(**kw, max_tokens=20).choices[0].text

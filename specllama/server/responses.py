@@ -58,6 +58,9 @@ def figures(
         "tokens_per_step": round(s.tokens_per_step, 4),
         "tokens_per_s": round(s.tokens_per_s, 2),
         "mean_draft_length": round(s.mean_draft_length, 3),
+        # lookup drafts by where they were copied from: context, session, persisted, corpus
+        "origin_drafted": dict(s.origin_drafted),
+        "origin_accepted": dict(s.origin_accepted),
         "draft_max": draft_max,
         "draft_mode": draft_mode,
         "policy": s.policy_note,
