@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +171,26 @@ def test_permission_errors_are_warnings(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(corpus, "open", denied, raising=False)
     files, warnings = read_corpus([f], Tokenize(), FP, tmp_path / "cache")
     assert files == [] and warnings == [f"skipping {f}: unreadable (Permission denied)"]
+
+
+def test_the_cache_is_bounded_least_recently_used_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over CACHE_BYTES (every tokenizer's entries together) the entries used longest
+    ago go first, never one the current read uses; an entry read again is used now."""
+    cache = tmp_path / "cache"
+    docs = {name: tmp_path / f"{name}.txt" for name in ("old", "kept", "new")}
+    for name, path in docs.items():
+        path.write_text(f"{name} " * 20)
+    read_corpus([docs["old"]], Tokenize(), FP, cache)
+    read_corpus([docs["kept"]], Tokenize(), FP, cache)
+    old, kept = sorted(cache.glob("corpus/*/*.npy"), key=lambda p: p.stat().st_mtime)
+    monkeypatch.setattr(corpus, "CACHE_BYTES", old.stat().st_size + kept.stat().st_size)
+    long_ago = time.time() - 100
+    os.utime(old, (long_ago, long_ago))
+    os.utime(kept, (long_ago + 1, long_ago + 1))
+    read_corpus([docs["old"]], Tokenize(), FP, cache)  # a hit: "old" is the newest now
+    read_corpus([docs["new"]], Tokenize(), "fedcba9876543210", cache)  # over the bound
+    assert old.exists() and not kept.exists()
+    tokenize = Tokenize()
+    read_corpus([docs["old"], docs["kept"]], tokenize, FP, cache)
+    assert tokenize.calls == [docs["kept"].read_text()]

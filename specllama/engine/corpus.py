@@ -3,8 +3,10 @@
 Folders are walked recursively in sorted order (hidden entries skipped), and each
 file's tokens are cached under the cache root, keyed by the tokenizer's fingerprint and
 the sha256 of the file's bytes: a corpus that did not change is never tokenized again,
-and a file that did is. Files that cannot be used (binary, not UTF-8, too large,
-unreadable, missing) are skipped with a one-line warning for the caller to show.
+and a file that did is. The cache of every corpus and tokenizer together stays under
+CACHE_BYTES, the entries least recently used deleted first. Files that cannot be used
+(binary, not UTF-8, too large, unreadable, missing) are skipped with a one-line warning
+for the caller to show.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 MAX_FILE_BYTES = 8 * 1024 * 1024
 #: A NUL byte this early means a binary file.
 _SNIFF = 8192
+#: The token cache's bound (64 M tokens); a run never deletes an entry it used.
+CACHE_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ def read_corpus(paths: Sequence[Path], tokenize: Callable[[str], list[int]],
     warnings: list[str] = []
     cache = cache_root / "corpus" / _safe_name(fingerprint)
     seen: set[Path] = set()
+    used: set[Path] = set()
     for path in _walk(paths, warnings):
         real = path.resolve()
         if real in seen:  # named twice, or reached again through a link
@@ -50,9 +55,12 @@ def read_corpus(paths: Sequence[Path], tokenize: Callable[[str], list[int]],
             warnings.append(warning)
         if not data:
             continue
-        tokens = _tokens(data, tokenize, cache)
+        entry = cache / f"{hashlib.sha256(data).hexdigest()}.npy"
+        used.add(entry)
+        tokens = _tokens(data, tokenize, entry)
         if len(tokens):
             files.append(CorpusFile(path, tokens))
+    _prune(cache_root / "corpus", used, CACHE_BYTES)
     return files, warnings
 
 
@@ -117,14 +125,15 @@ def _read(path: Path) -> tuple[bytes, str | None]:
     return data, None
 
 
-def _tokens(data: bytes, tokenize: Callable[[str], list[int]], cache: Path) -> np.ndarray:
-    """The file's token ids: from the cache if tokenized before, else tokenized and
-    cached (a cache that cannot be read or written only costs the tokenization)."""
-    entry = cache / f"{hashlib.sha256(data).hexdigest()}.npy"
+def _tokens(data: bytes, tokenize: Callable[[str], list[int]], entry: Path) -> np.ndarray:
+    """The file's token ids: from the cache entry if tokenized before, else tokenized
+    and cached (a cache that cannot be read or written only costs the tokenization)."""
+    cache = entry.parent
     try:
         cached = np.load(entry, allow_pickle=False)
         if (isinstance(cached, np.ndarray) and cached.ndim == 1
                 and cached.dtype == np.int32 and bool(np.all(cached >= 0))):
+            os.utime(entry)  # used now: the last to be pruned
             return cached
     except Exception:  # missing, or damaged in any of many ways: tokenize again
         pass
@@ -142,6 +151,25 @@ def _tokens(data: bytes, tokenize: Callable[[str], list[int]], cache: Path) -> n
     except OSError:
         pass
     return tokens
+
+
+def _prune(root: Path, keep: set[Path], limit: int) -> None:
+    """Delete the least recently used entries of every tokenizer's cache until they
+    hold at most `limit` bytes, never one in `keep`."""
+    entries = []
+    for entry in root.glob("*/*.npy"):
+        try:
+            info = entry.stat()
+        except OSError:
+            continue
+        entries.append((info.st_mtime, info.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries):
+        if total <= limit:
+            return
+        if entry not in keep:
+            entry.unlink(missing_ok=True)
+            total -= size
 
 
 def _safe_name(fingerprint: str) -> str:
