@@ -55,10 +55,11 @@ def test_every_setting_reaches_models_toml_and_the_run_settings(tmp_path):
     """A setting added to the table alone is taken by [defaults] and kept by RunSettings
     (its flag: test_every_setting_is_a_flag_...; /set: test_chat; --json: test_cli)."""
     def sample(s):  # a valid value that is not the default where the default is empty
+        # (absolute paths: the file's relative ones are taken relative to it)
         if s.type is tuple:
-            return ("docs",)
+            return ("/docs",)
         if s.default is None:
-            return "x" if s.type is str else 1
+            return "/x" if s.type is str else 1
         return s.default
 
     values = {n: sample(SETTINGS[n]) for n in FILE_SETTINGS}
