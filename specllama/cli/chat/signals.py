@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 
@@ -18,25 +18,22 @@ def whole_messages(on_interrupt: Callable[[], None]) -> Iterator[None]:
         hit.append(signum)
         on_interrupt()
 
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
+    with _sigint(handler):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if hit:
         raise KeyboardInterrupt
 
 
-@contextmanager
-def sigint_ignored() -> Iterator[None]:
+def sigint_ignored() -> AbstractContextManager[None]:
     """Ignore Ctrl-C while the caches are being put back in order."""
+    return _sigint(signal.SIG_IGN)
+
+
+@contextmanager
+def _sigint(handler: Any) -> Iterator[None]:
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
         yield
         return
     try:
