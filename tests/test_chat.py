@@ -571,3 +571,34 @@ def test_two_turns_with_smollm2(smollm2_path):
     finally:
         dec.close()
     assert replies[3] == replies[0]
+
+
+def test_the_remote_decoder_keeps_the_engine_process_caches_in_step(tiny_target, tiny_draft):
+    """What chat asks of a decoder in an engine process (a remote target's chat): a
+    stream, each model's cache cut back alone, the cache report, p_min, the comparison."""
+    from specllama import SamplingParams
+    from specllama.cli.chat.remote import RemoteDecoder
+    from specllama.cli.options import RunOptions
+    from specllama.policy.compare import Comparison
+
+    remote = RemoteDecoder(RunOptions(target=str(tiny_target), draft=str(tiny_draft),
+                                      flags=(("threads", 1), ("n_ctx", 256))))
+    try:
+        tokens = remote.target.tokenize("the cat", add_bos=True, special=True)
+        stream = remote.stream(tokens, max_tokens=12, sampling=SamplingParams(temperature=0),
+                               draft_max=3, draft_mode="model")
+        events = list(stream)
+        assert stream.result is not None and events
+        history = tokens + list(stream.result.tokens)
+        assert remote.evaluated["target"] > 0
+        report = remote.cache_report(history)
+        assert report.consistent and report.history == len(history)
+        remote.target.sync_to(tokens)  # the target alone is cut back
+        report = remote.cache_report(tokens)
+        assert report.target == len(tokens) and report.draft > len(tokens)
+        remote.draft.sync_to(tokens)
+        assert remote.cache_report(tokens).consistent
+        remote.p_min = 0.5
+        assert isinstance(remote.compare(stream.result.stats), Comparison)
+    finally:
+        remote.close()

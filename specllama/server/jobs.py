@@ -159,11 +159,10 @@ class Engine:
             counts["draft"] = d.draft.tokens_evaluated
         return counts
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Both caches back to (a prefix of) `tokens`: a turn withdrawn."""
-        for model in (self.decoder.target, self.decoder.draft):
-            if model is not None:
-                model.sync_to(list(tokens))
+    def sync(self, name: str, tokens: Sequence[int]) -> int:
+        """One model's cache ("target" or "draft") brought to `tokens`, as Model.sync_to."""
+        model = self.decoder.target if name == "target" else self.decoder.draft
+        return model.sync_to(list(tokens)) if model is not None else 0
 
     def cache_report(self, history: Sequence[int]) -> CacheReport:
         return cache_report(history, self.decoder.target, self.decoder.draft)

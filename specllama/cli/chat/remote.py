@@ -54,9 +54,10 @@ class RemoteModel(Vocabulary):
         return self._owner.evaluated.get(self._name, 0)
 
     def sync_to(self, tokens: list[int]) -> int:
-        if self._owner.lost is None:  # a new engine starts with empty caches anyway
-            self._owner.call("sync", tokens)
-        return 0
+        if self._owner.lost is not None:  # a new engine starts with empty caches anyway
+            return 0
+        synced: int = self._owner.call("sync", self._name, tokens)
+        return synced
 
 
 class RemoteDecoder:
