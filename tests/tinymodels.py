@@ -17,6 +17,15 @@ Vocabulary layout (``vocab="a"``)::
 ``vocab="b"`` keeps ids 0..4 but is otherwise different (normal pieces first, different
 words, byte tokens last) and larger by well over 128 tokens, so a target/draft pair made of
 an "a" and a "b" model is vocabulary-incompatible.
+
+``vocab="a_split"`` is another tokenizer for the same language as "a", for cross-vocabulary
+drafting (engine/crossvocab.py): the pieces of "a" with the ids shuffled, a few words only
+spelt in two pieces ("▁cat" as "▁ca" + "t"), some words "a" lacks ("▁sat"), byte tokens last.
+Its weights are those of "a" (same ``seed``) row for row by piece, so a draft made of it
+agrees with an "a" target; the rows of its own pieces are new, and weigh ``_ONLY_GAIN`` times
+more, so the draft puts real mass outside the pieces "a" shares. ``vocab="a_split_nobytes"``
+is "a_split" without byte fallback and without a few characters "a" writes
+(``SPLIT_MISSING_CHARS``): a draft that cannot spell all of the target's text.
 """
 
 from __future__ import annotations
@@ -138,9 +147,65 @@ def vocab_pieces(vocab: str = "a") -> list[tuple[str, float, int]]:
         normal = _dedupe(normal)
         normal_entries = [(p, -float(i), _NORMAL) for i, p in enumerate(normal)]
         entries = _special_entries() + normal_entries + _byte_entries()
+    elif vocab in _BASED_ON:
+        entries = _split_entries(with_bytes=vocab == "a_split")
     else:
         raise ValueError(f"unknown vocab {vocab!r} (expected 'a' or 'b')")
     return entries
+
+
+# ---------------------------------------------- "a_split": another tokenizer for "a"
+
+#: Words "a_split" spells in two pieces (no other piece of "a" extends them, so every
+#: other word of "a" stays reachable by the merges).
+SPLIT_WORDS = ["▁cat", "▁dog", "▁not", "▁you", "▁how", "▁see", "▁from", "▁what", "▁like",
+               "▁some", "▁Hello", "▁with", "▁time", "▁will"]
+#: Words only "a_split" has (with their prefixes): none holds an inner "▁", so its
+#: tokenization, like that of "a", never merges across a word start.
+_ONLY_SPLIT_WORDS = ("sat mat cats dogs sun ran big red old new man day way boy girl tree "
+                     "house water quick brown fox jumps lazy over upon once").split()
+#: Characters "a" writes that "a_split_nobytes" cannot spell (nor has bytes for).
+SPLIT_MISSING_CHARS = "|\\&~"
+#: How much heavier the output rows of the pieces only "a_split" has are than the others.
+_ONLY_GAIN = 1.2
+#: The vocabulary whose weights each variant takes, row for row by piece.
+_BASED_ON = {"a_split": "a", "a_split_nobytes": "a"}
+
+
+def _split_entries(*, with_bytes: bool) -> list[tuple[str, float, int]]:
+    base = vocab_pieces("a")
+    normal = [e for e in base if e[2] == _NORMAL]
+    texts = {e[0] for e in base}
+    for w in SPLIT_WORDS:
+        assert w in texts and not any(t != w and t.startswith(w) for t in texts), w
+    kept = [e for e in normal if e[0] not in SPLIT_WORDS
+            and (with_bytes or e[0] not in SPLIT_MISSING_CHARS)]
+    only = [p for p in _dedupe(_with_prefixes(["▁" + w for w in _ONLY_SPLIT_WORDS], min_len=2))
+            if p not in texts]
+    lowest = min(e[1] for e in normal)
+    kept += [(p, lowest - 1.0 - i, _NORMAL) for i, p in enumerate(only)]
+    order = np.random.default_rng(2025).permutation(len(kept))
+    shuffled = [kept[i] for i in order]
+    return _special_entries() + shuffled + (_byte_entries() if with_bytes else [])
+
+
+def _weights_by_piece(vocab: str, texts: list[str], *, seed: int, logit_scale: float,
+                      **shape: int) -> dict[str, np.ndarray]:
+    """The weights of the vocabulary `vocab` is based on, each token's embedding and output
+    row moved to where its piece is in `vocab`; pieces only `vocab` has get new rows."""
+    base = vocab_pieces(_BASED_ON[vocab])
+    w = _weights(seed=seed, types=[e[2] for e in base], logit_scale=logit_scale, **shape)
+    row = {e[0]: i for i, e in enumerate(base)}
+    rng = np.random.default_rng(seed + 104729)
+    n_embd = shape["n_embd"]
+    embd = rng.standard_normal((len(texts), n_embd))
+    out = rng.standard_normal((len(texts), n_embd)) * _ONLY_GAIN * logit_scale / np.sqrt(n_embd)
+    for i, text in enumerate(texts):
+        if text in row:
+            embd[i] = w["token_embd.weight"][row[text]]
+            out[i] = w["output.weight"][row[text]]
+    w["token_embd.weight"], w["output.weight"] = embd, out
+    return w
 
 
 def _weights(
@@ -254,6 +319,11 @@ def write_tiny_model(
         n_ff=n_ff,
         logit_scale=logit_scale,
     )
+    if vocab in _BASED_ON:
+        weights = _weights_by_piece(
+            vocab, texts[:n_base], seed=seed, n_layer=n_layer, n_embd=n_embd,
+            n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, logit_scale=logit_scale,
+        )
     if extra_tokens:
         xrng = np.random.default_rng(seed + 7919)
         rows = xrng.standard_normal((extra_tokens, n_embd))

@@ -66,6 +66,9 @@ def setting_option(name: str) -> Callable[[F], F]:
                             help=s.help)
     if s.metavar:
         return click.option(s.flag, *s.aliases, name, metavar=s.metavar, help=s.help)
+    if s.type is bool:  # None when absent, like every other setting's flag
+        return click.option(s.flag, name, is_flag=True, flag_value=True, default=None,
+                            help=s.help)
     if name == "draft_max":
         kind = DraftMaxType()
     elif s.type is str:
@@ -269,6 +272,7 @@ def open_decoder(run: RunOptions, console: Console, *,
             n_threads=merged.threads,
             p_min=merged.p_min,
             target_rpc=rpc,
+            cross_vocab=merged.cross_vocab,
         )
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)

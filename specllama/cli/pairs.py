@@ -7,6 +7,8 @@ import time
 
 import click
 
+from ..engine.agreement import measure
+from ..engine.crossvocab import CrossVocabDraft
 from ..engine.decoder import SpeculativeDecoder
 from ..engine.drafts import DraftMode
 from ..engine.sampling import SamplingParams
@@ -14,6 +16,24 @@ from ..errors import SpecLlamaError
 from ..models.config import Pair, find_and_load_config, packaged_config_path
 from ..models.sources import locations, pending_downloads, resolve_pair, source_status
 from .ui import stderr_console
+
+#: What `pairs check` generates from: a chat question, then raw text and code (a base
+#: model has no chat template, and acceptance differs between kinds of text).
+CHECK_PROMPTS = (
+    "Explain in a few sentences why the sky is blue.",
+    "The history of the printing press begins",
+    "def is_prime(n):\n",
+)
+AGREEMENT_TOKENS = 32
+
+
+def _vocabularies(dec: SpeculativeDecoder) -> str:
+    drafter = dec.drafter
+    if isinstance(drafter, CrossVocabDraft):
+        vmap = drafter.vmap
+        return (f"vocabularies differ, {len(vmap.draft_ids)} of the draft's {vmap.n_draft} "
+                f"tokens ({vmap.share:.0%}) spell a target token")
+    return "vocabularies match" if drafter is not None else "no draft model"
 
 
 @click.group()
@@ -37,12 +57,17 @@ def pairs_list(config_path: str | None) -> None:
         mark = " (default)" if name == config.default else ""
         click.echo(f"{name}{mark}: {source_status(pair)}; {_origin(pair)}")
         click.echo(f"  target: {_target(pair)}")
-        click.echo(f"  draft:  {pair.draft.describe()}")
+        click.echo(f"  draft:  {_draft(pair)}")
 
 
 def _target(pair: Pair) -> str:
     quant = f", requantized to {pair.target_quant}" if pair.target_quant else ""
     return pair.target.describe() + quant
+
+
+def _draft(pair: Pair) -> str:
+    quant = f", requantized to {pair.draft_quant}" if pair.draft_quant else ""
+    return pair.draft.describe() + quant
 
 
 @pairs.command("show")
@@ -60,7 +85,7 @@ def pairs_show(name: str | None, config_path: str | None) -> None:
     click.echo(f"  file:      {target_at}")
     if pair.target_rpc:
         click.echo(f"target on:   rpc {', '.join(pair.target_rpc)}")
-    click.echo(f"draft:       {pair.draft.describe()}")
+    click.echo(f"draft:       {_draft(pair)}")
     click.echo(f"  file:      {draft_at}")
     click.echo(f"status:      {source_status(pair)}")
     click.echo(f"from:        {_origin(pair)}")
@@ -74,8 +99,10 @@ def pairs_show(name: str | None, config_path: str | None) -> None:
 @click.option("--config", "config_path", metavar="FILE", help="models.toml to use.")
 @click.option("--max-tokens", default=48, show_default=True, help="Tokens per test generation.")
 @click.option("--threads", type=int, help="CPU threads (default: all cores).")
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0),
+              help="Temperature of the acceptance estimate.")
 def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int,
-                threads: int | None) -> None:
+                threads: int | None, temperature: float) -> None:
     """Load each pair (or NAMES), check the vocabularies match, and time a short
     generation with and without the draft: the command to run when something seems off."""
     err = stderr_console()
@@ -92,22 +119,23 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
             click.echo(f"{name}: skipped: needs a download ({'; '.join(pending)}); "
                        f"run `specllama pairs check {name}` to fetch and check it")
             continue
+        cross = bool(pair.defaults.as_dict().get("cross_vocab", False))
         try:
             t0 = time.perf_counter()
             target, draft = resolve_pair(pair, n_threads=threads,
                                          progress=lambda m: err.print(f"[dim]{m}[/dim]"))
             dec = SpeculativeDecoder.load(target, draft if draft else "lookup",
                                           n_ctx=1024, n_threads=threads,
-                                          target_rpc=pair.target_rpc)
+                                          target_rpc=pair.target_rpc, cross_vocab=cross)
             load_s = time.perf_counter() - t0
         except SpecLlamaError as exc:
             failed += 1
             click.echo(f"{name}: FAILED: {exc}")
             continue
-        prompt = "Explain in a few sentences why the sky is blue."
-        tokens = dec.target.prompt(prompt)
+        tokens = dec.target.prompt(CHECK_PROMPTS[0])
         greedy = SamplingParams(temperature=0.0)
         mode: DraftMode = "model" if dec.draft is not None else "lookup"
+        dec.generate(tokens, max_tokens=2, sampling=greedy, draft_max=0)  # page the weights in
         alone = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=0)
         spec = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=4,
                             draft_mode=mode)
@@ -115,11 +143,21 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
         base = alone.stats.tokens_per_s
         ratio = spec.stats.tokens_per_s / base if base else 0.0
         click.echo(
-            f"{name}: ok: vocabularies match; loaded in {load_s:.1f} s; greedy output {same} "
+            f"{name}: ok: {_vocabularies(dec)}; loaded in {load_s:.1f} s; greedy output {same} "
             f"to the target alone; acceptance {spec.stats.acceptance_rate:.0%} at k=4, "
             f"{spec.stats.tokens_per_step:.2f} tokens/step; {spec.stats.tokens_per_s:.1f} tok/s "
             f"vs {alone.stats.tokens_per_s:.1f} alone ({ratio:.2f}x)"
         )
+        if dec.draft is not None:
+            prompts = [dec.target.prompt(p) for p in CHECK_PROMPTS]
+            hot = SamplingParams(temperature=temperature)
+            seen = measure(dec, prompts, AGREEMENT_TOKENS, hot)
+            click.echo(
+                f"  agreement over {seen.positions} positions of the target's text: the "
+                f"draft may propose {seen.mass_inside:.0%} of its probability mass; its top "
+                f"token is the target's {seen.greedy:.0%} of the time (greedy acceptance); "
+                f"a draft is accepted {seen.alpha:.0%} of the time at T = {temperature:g}"
+            )
         dec.close()
     if failed:
         sys.exit(1)

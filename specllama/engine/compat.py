@@ -21,7 +21,8 @@ def check_compatible(target: Model, draft: Model) -> None:
     def fail(what: str) -> None:
         raise IncompatiblePairError(
             f"draft {draft.path.name} cannot draft for target {target.path.name}: {what}; "
-            "use a draft model from the same family (same tokenizer)"
+            "use a draft model from the same family (same tokenizer), or let it draft "
+            "across tokenizers with --cross-vocab (models.toml [defaults]: cross_vocab = true)"
         )
 
     if target.vocab_type != draft.vocab_type:
@@ -42,6 +43,15 @@ def check_compatible(target: Model, draft: Model) -> None:
         if a != b:
             shown = (a.decode(errors="replace"), b.decode(errors="replace"))
             fail(f"token {token} is {shown[0]!r} vs {shown[1]!r}")
+
+
+def compatible(target: Model, draft: Model) -> bool:
+    """Whether `check_compatible` lets the pair through."""
+    try:
+        check_compatible(target, draft)
+    except IncompatiblePairError:
+        return False
+    return True
 
 
 def check_rewindable(model: Model, role: str) -> None:

@@ -8,13 +8,15 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from ..errors import ContextOverflowError, InvalidParameterError
-from .compat import check_compatible, check_rewindable
+from ..paths import cache_dir
+from .compat import check_compatible, check_rewindable, compatible
 from .constraint import Constraint, ConstraintSpec
+from .crossvocab import CrossVocabDraft, VocabMap, check_intersection
 from .draftcache import DraftCache
 from .drafts import DEFAULT_DRAFT_MODE, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
 from .events import Event, GenerationResult
 from .lengths import DraftMax, make_policy
-from .llama import Model
+from .llama import DraftModel, Model
 from .lookup import HybridDraft, LookupDraft
 from .rounds import Generation, GenerationStream
 from .sampling import SamplingParams
@@ -45,10 +47,12 @@ def make_strategy(
     """
     archives = decoder.suffix_cache.archives(history) if suffix_cache else []
     # "model" without a draft model is the target alone: a decoder made without one.
-    check_draft_mode(mode, None if mode == "model" else decoder.draft is not None)
-    if decoder.draft is None:
+    check_draft_mode(mode, None if mode == "model" else decoder.drafter is not None)
+    if decoder.drafter is None:
         return LookupDraft(archives=archives) if mode == "lookup" else None
-    model = ModelDraft(decoder.draft, decoder.p_min, target_p)
+    # A cross-vocabulary draft's rows are not the target's positions: no shadow reading.
+    shadow = None if decoder.cross_vocab else target_p
+    model = ModelDraft(decoder.drafter, decoder.p_min, shadow)
     if mode == "model":
         return model
     lookup = LookupDraft(archives=archives)
@@ -65,14 +69,26 @@ class SpeculativeDecoder:
         *,
         p_min: float = DEFAULT_P_MIN,
         draft_mode: DraftMode | None = None,
+        cross_vocab: bool = False,
     ) -> None:
         """draft_mode: what stream()/generate() use when not told; None: "hybrid" with a
-        draft model, else "model" (the target alone)."""
+        draft model, else "model" (the target alone). cross_vocab: a draft whose tokenizer
+        differs drafts through the tokens both vocabularies spell alike
+        (engine/crossvocab.py); without it such a pair is refused."""
         if draft_mode is None:
             draft_mode = DEFAULT_DRAFT_MODE if draft is not None else "model"
         check_draft_mode(draft_mode)
+        #: The draft as the round loop drives it (in target ids); `draft` is the model.
+        self.drafter: DraftModel | None = draft
+        self.cross_vocab = False
         if draft is not None:
-            check_compatible(target, draft)
+            if cross_vocab and not compatible(target, draft):
+                vmap = VocabMap.cached(target, draft, cache_dir())
+                check_intersection(vmap, target, draft)
+                self.drafter = CrossVocabDraft(draft, target, vmap)
+                self.cross_vocab = True
+            else:
+                check_compatible(target, draft)
             check_rewindable(draft, "draft")
             check_rewindable(target, "target")
         self.target = target
@@ -95,6 +111,7 @@ class SpeculativeDecoder:
         p_min: float = DEFAULT_P_MIN,
         draft_mode: DraftMode | None = None,
         target_rpc: Sequence[str] = (),
+        cross_vocab: bool = False,
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
         (the target alone). draft_mode: the default mode of generate()/stream();
@@ -113,6 +130,7 @@ class SpeculativeDecoder:
             draft_model,
             p_min=p_min,
             draft_mode=draft_mode or ("lookup" if is_lookup else None),
+            cross_vocab=cross_vocab,
         )
 
     def close(self) -> None:
@@ -134,8 +152,8 @@ class SpeculativeDecoder:
     def reset(self) -> None:
         """Forget everything in both KV caches."""
         self.target.clear()
-        if self.draft is not None:
-            self.draft.clear()
+        if self.drafter is not None:
+            self.drafter.clear()
 
     def generate(
         self,
@@ -221,7 +239,7 @@ class SpeculativeDecoder:
             Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         generation = Generation(
-            self.target, self.draft, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
+            self.target, self.drafter, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
             params=params, policy=policy, mode=mode, strategy=strategy, stop=stop,
             keep_cache=keep_cache, target_p=target_p, constraint=matcher,
             force=draft_max != 0, logprobs=logprobs,

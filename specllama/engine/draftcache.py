@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .cachefile import fingerprint, load, save
 from .corpus import CorpusFile
-from .llama import Model
+from .llama import Vocabulary
 from .suffixcache import Origin, SuffixArchive
 
 #: The history holds at most this many tokens (about 36 MB indexed; the least recently
@@ -86,6 +86,6 @@ class DraftCache:
         self.history.add_many(kept)
 
 
-def tokenizer_fingerprint(model: Model) -> str:
+def tokenizer_fingerprint(model: Vocabulary) -> str:
     """What a persisted cache and a tokenized corpus are keyed by: the vocabulary."""
     return fingerprint(model.token_text, model.n_vocab)

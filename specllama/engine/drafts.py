@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InvalidParameterError
 from .constraint import Constraint, masked
 from .lengths import DraftStep, always_more
-from .llama import Model
+from .llama import DraftModel
 from .sampling import (
     SamplingParams,
     confidence,
@@ -101,7 +101,7 @@ class ModelDraft:
     guessed them: a measure of acceptance that costs no target time.
     """
 
-    def __init__(self, model: Model, p_min: float = 0.0,
+    def __init__(self, model: DraftModel, p_min: float = 0.0,
                  target_p: Mapping[int, float] | None = None) -> None:
         self.model = model
         self.p_min = p_min
@@ -130,6 +130,8 @@ class ModelDraft:
             kept -= 1
         draft = Draft(caught_up=len(committed) - 1 - kept)
         self._catch_up(committed, kept, params, draft)
+        if not m.can_draft():
+            return draft  # a cross-vocabulary draft lost the text: the target goes alone
         steps_from = m.decode_s
         # A policy with a stop rule reads the draft's confidence; greedy that costs a
         # softmax over the vocabulary (0.2-0.3 ms a row here), so only then.

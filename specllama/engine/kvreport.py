@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .llama import Model
+from .llama import DraftModel, Model
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class CacheReport:
         return out
 
 
-def cache_report(history: Sequence[int], target: Model, draft: Model | None) -> CacheReport:
+def cache_report(history: Sequence[int], target: Model,
+                 draft: DraftModel | None) -> CacheReport:
     """Check `target` and `draft` (when there is one) against the committed `history`."""
     models = [target] if draft is None else [target, draft]
     return CacheReport(
@@ -39,6 +40,6 @@ def cache_report(history: Sequence[int], target: Model, draft: Model | None) -> 
     )
 
 
-def _holds_prefix(model: Model, history: Sequence[int]) -> bool:
+def _holds_prefix(model: Model | DraftModel, history: Sequence[int]) -> bool:
     n = len(model.cached)
     return model.cached == list(history[:n]) and model.pos_max() + 1 == n

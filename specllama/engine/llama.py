@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -50,6 +50,26 @@ QUANT_TYPES: dict[str, int] = {
 }
 
 LogitsWanted = Literal["none", "last", "all"]
+
+
+class DraftModel(Protocol):
+    """A draft model as the round loop drives it, in target ids: a `Model` of the
+    target's family, or a cross-vocabulary view (engine/crossvocab.py)."""
+
+    path: Path
+    cached: list[int]
+
+    @property
+    def decode_s(self) -> float: ...
+    @property
+    def tokens_evaluated(self) -> int: ...
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None: ...
+    def logits_row(self, i: int) -> np.ndarray: ...
+    def sync_to(self, tokens: list[int]) -> int: ...
+    def truncate(self, n: int) -> None: ...
+    def clear(self) -> None: ...
+    def pos_max(self) -> int: ...
+    def can_draft(self) -> bool: ...
 
 
 class Vocabulary:
@@ -142,6 +162,16 @@ class Vocabulary:
         if hit is None:
             hit = self._eog[token] = bool(lc.llama_vocab_is_eog(self._vocab, token))
         return hit
+
+    def is_control(self, token: int) -> bool:
+        """Control, unknown or unused: no text of its own in what a model writes."""
+        attr = int(lc.llama_vocab_get_attr(self._vocab, token))
+        return bool(attr & (lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
+                            | lc.LLAMA_TOKEN_ATTR_UNUSED))
+
+    def is_byte(self, token: int) -> bool:
+        """A byte-fallback token (SentencePiece's '<0x0A>')."""
+        return bool(int(lc.llama_vocab_get_attr(self._vocab, token)) & lc.LLAMA_TOKEN_ATTR_BYTE)
 
     def chat_template(self) -> str | None:
         raw = lc.llama_model_chat_template(self._model, None)
@@ -402,6 +432,10 @@ class Model(Vocabulary):
         if not ptr:
             raise IndexError(f"no logits for row {i} of the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def can_draft(self) -> bool:
+        """A model can always draft from its cache (a cross-vocabulary view may not)."""
+        return True
 
     def pos_max(self) -> int:
         """Highest position the KV cache really holds (-1 when empty)."""

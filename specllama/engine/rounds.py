@@ -33,7 +33,7 @@ from .events import (
     TokensAccepted,
 )
 from .lengths import DraftLengthPolicy, RoundOutcome
-from .llama import Model
+from .llama import DraftModel, Model
 from .sampling import (
     SamplingParams,
     Verdict,
@@ -103,7 +103,7 @@ class Generation:
     def __init__(
         self,
         target: Model,
-        draft: Model | None,
+        draft: DraftModel | None,
         committed: list[int],
         *,
         n_ctx: int,
@@ -358,7 +358,7 @@ class Generation:
             None if self.logprobs is None else tuple(self.token_logprobs),
             None if self.constraint is None else self.constraint.complete)
 
-    def _models(self) -> list[Model]:
+    def _models(self) -> list[Model | DraftModel]:
         return [m for m in (self.target, self.draft) if m is not None]
 
     def _clock(self) -> Clock:

@@ -183,6 +183,12 @@ class Setting:
         return self.validate(value)
 
 
+def _check_bool(value: Any) -> tuple[Any, str | None]:
+    if isinstance(value, bool):
+        return value, None
+    return value, f"must be true or false, {got(value)}"
+
+
 def _seed_check(value: Any) -> tuple[Any, str | None]:
     return (None, None) if value is None else _int_at_least(0)(value)
 
@@ -212,6 +218,9 @@ class Settings:
     draft_cache: str | None = _row(
         None, str, "Keep what is generated in this file and draft from it in later runs "
         "(opt-in: it holds your text; 'off': none).", _text, at_load=True, metavar="FILE|off")
+    cross_vocab: bool = _row(False, bool, "Let a draft model with another tokenizer draft, "
+                             "through the tokens both vocabularies spell alike (exact).",
+                             _check_bool, at_load=True)
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)

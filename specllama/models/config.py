@@ -154,9 +154,10 @@ class _Loader(SourceReader):
             if required not in raw:
                 self.fail(toml_key("pairs", name, required), "required but missing")
         raw_target, target_rpc = self.target_rpc(raw["target"], ("pairs", name, "target"))
-        raw_target, target_quant = self.target_quant(raw_target, ("pairs", name, "target"))
+        raw_target, target_quant = self.file_quant(raw_target, ("pairs", name, "target"))
+        raw_draft, draft_quant = self.file_quant(raw["draft"], ("pairs", name, "draft"))
         target = self.source(raw_target, ("pairs", name, "target"), role="target")
-        draft = self.source(raw["draft"], ("pairs", name, "draft"), role="draft")
+        draft = self.source(raw_draft, ("pairs", name, "draft"), role="draft")
         defaults = self.defaults(raw.get("defaults", {}), ("pairs", name, "defaults"))
         return Pair(
             name=name,
@@ -166,6 +167,7 @@ class _Loader(SourceReader):
             defaults=defaults,
             target_rpc=target_rpc,
             target_quant=target_quant,
+            draft_quant=draft_quant,
             config_path=self.path,
         )
 
@@ -185,9 +187,10 @@ class _Loader(SourceReader):
             self.fail(where, "must name at least one RPC server")
         return {k: v for k, v in raw.items() if k != "rpc"}, normalized
 
-    def target_quant(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
-        """A target table's `quant = "F32"` (the file requantized once), and the table
-        without it for `source`."""
+    def file_quant(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
+        """A file source table's `quant = "F32"` (the file requantized once; the target's
+        or the draft's), and the table without it for `source`. A `{ derive = "target",
+        quant = ... }` draft keeps its quant: that is its own form."""
         if not isinstance(raw, dict) or "quant" not in raw or "derive" in raw:
             return raw, None
         quant = self.quant(raw["quant"], toml_key(*parts, "quant"))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..engine.gguf import is_gguf
-from ..errors import DraftDerivationError
+from ..errors import DraftDerivationError, SpecLlamaError
 from ..paths import CACHE_ENV_VAR, cache_dir
 
 try:
@@ -47,33 +47,44 @@ def derived_path(target: str | os.PathLike[str], quant: str) -> Path:
     return cache_dir() / "derived" / f"{target.stem}.{quant}.{digest}.gguf"
 
 
-def _unwritable(directory: Path, exc: OSError) -> DraftDerivationError:
+def _unwritable(
+    directory: Path, exc: OSError, *, cache: str = "draft cache",
+    error: type[SpecLlamaError] = DraftDerivationError,
+) -> SpecLlamaError:
+    """The error for a cache directory that cannot take a file (``cache``: which one,
+    in words; ``error``: the class to raise)."""
     reason = exc.strerror or str(exc)
     if exc.errno in (errno.ENOSPC, _EDQUOT):
-        return DraftDerivationError(
-            f"no space left in the draft cache directory {directory}; free some space "
+        return error(
+            f"no space left in the {cache} directory {directory}; free some space "
             f"or set {CACHE_ENV_VAR} to a directory on another disk"
         )
-    return DraftDerivationError(
-        f"cannot write to the draft cache directory {directory} ({reason}); "
+    return error(
+        f"cannot write to the {cache} directory {directory} ({reason}); "
         f"set {CACHE_ENV_VAR} to a writable directory"
     )
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path, directory: Path, progress: Progress | None) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` (a no-op where fcntl is missing)."""
+def _locked(
+    lock_path: Path, directory: Path, progress: Progress | None, *, doing: str = "deriving",
+    cache: str = "draft cache", error: type[SpecLlamaError] = DraftDerivationError,
+) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` (a no-op where fcntl is missing).
+
+    ``doing`` names the work in the message heard while waiting for another process;
+    ``cache`` and ``error`` shape the error when the lock file cannot be made."""
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise _unwritable(directory, exc) from None
+        raise _unwritable(directory, exc, cache=cache, error=error) from None
     try:
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if progress is not None:
-                    progress(f"waiting for another specllama process deriving {lock_path.stem}")
+                    progress(f"waiting for another specllama process {doing} {lock_path.stem}")
                 fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

@@ -201,6 +201,9 @@ class Pair:
     target_rpc: tuple[str, ...] = ()
     #: The target file requantized once to this type (``target = { ..., quant = "F32" }``).
     target_quant: str | None = None
+    #: The draft file requantized once to this type (``draft = { ..., quant = "Q4_0" }``;
+    #: not for ``{ derive = "target", quant = ... }``, whose quant is its own).
+    draft_quant: str | None = None
     #: The models.toml this pair came from (None for pairs built in code).
     config_path: Path | None = None
 

@@ -145,7 +145,7 @@ class Engine:
             put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
-        cache = cache_report(self._history, self.decoder.target, self.decoder.draft).as_dict()
+        cache = cache_report(self._history, self.decoder.target, self.decoder.drafter).as_dict()
         return Outcome(result, failure, cache, self.evaluated())
 
     def close(self) -> None:
@@ -161,11 +161,11 @@ class Engine:
 
     def sync(self, name: str, tokens: Sequence[int]) -> int:
         """One model's cache ("target" or "draft") brought to `tokens`, as Model.sync_to."""
-        model = self.decoder.target if name == "target" else self.decoder.draft
+        model = self.decoder.target if name == "target" else self.decoder.drafter
         return model.sync_to(list(tokens)) if model is not None else 0
 
     def cache_report(self, history: Sequence[int]) -> CacheReport:
-        return cache_report(history, self.decoder.target, self.decoder.draft)
+        return cache_report(history, self.decoder.target, self.decoder.drafter)
 
     def compare(self, stats: Stats) -> Comparison:
         return compare_with_target(self.decoder, stats)

@@ -77,8 +77,9 @@ def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
 
 #: The shipped sets, by the name --prompts takes: the default mix (chat, code,
 #: summarizing and rewriting a given text), text to copy with changes (lookup's ground),
-#: and JSON that follows a schema given with each prompt (extraction, a tool call, ...).
-BUILTIN_SETS = ("bench", "copy", "json", "requests", "edits", "completions")
+#: JSON that follows a schema given with each prompt (extraction, a tool call, ...), and
+#: raw text to continue, without a chat template (for base models such as Gemma 3 270M).
+BUILTIN_SETS = ("bench", "copy", "json", "requests", "edits", "completions", "text")
 
 
 def builtin_prompts(name: str = "bench") -> list[BenchPrompt]:

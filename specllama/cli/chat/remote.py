@@ -74,6 +74,7 @@ class RemoteDecoder:
         self._orders = 0
         self.target = RemoteModel(settings.target, "target", self)
         self.draft = RemoteModel(draft, "draft", self) if draft else None
+        self.drafter = self.draft  # in the engine process the draft is synced in target ids
 
     @property
     def p_min(self) -> float:

@@ -333,7 +333,7 @@ class ChatSession:
             # Stopped (or failed) before the first token: the turn never happened.
             self.messages.pop()
             self.trace.generations.pop()
-            for model in (target, self.decoder.draft):
+            for model in (target, self.decoder.drafter):
                 if model is not None:
                     model.sync_to(self.committed[:-1])
             return
@@ -386,7 +386,7 @@ class ChatSession:
         """Both caches against the token history (for /debug-cache and tests)."""
         if isinstance(self.decoder, RemoteDecoder):
             return self.decoder.cache_report(self.committed)
-        return cache_report(self.committed, self.decoder.target, self.decoder.draft)
+        return cache_report(self.committed, self.decoder.target, self.decoder.drafter)
 
     def compare(self) -> Comparison:
         """The session's speed against the target alone, from measured costs."""

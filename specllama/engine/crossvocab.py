@@ -1,0 +1,364 @@
+"""A draft model from another tokenizer family, seen by the round loop in target ids.
+
+Token-level intersection (Timor et al., ICML 2025, "Lossless Speculative Decoding
+Algorithms for Heterogeneous Vocabularies"): the draft may propose only its tokens whose
+text is exactly one target token. Its logits outside that intersection are -inf, so q is
+its distribution restricted to the intersection and renormalised, a distribution over
+target ids like any other, and the ordinary rule min(1, p/q) with the residual keeps the
+target's law exactly.
+
+The draft keeps its own tokenization of the committed text. `CrossVocabDraft.cached` is
+in target ids (what the round loop reads); the draft model's own cache holds its
+tokenization of their text, re-tokenized from a little before the point where the two
+part (never the whole context), so a target token outside the intersection costs a short
+re-sync, not a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import IncompatiblePairError
+from .draftcache import tokenizer_fingerprint
+from .llama import LogitsWanted, Model, Vocabulary
+
+#: Below this share of the draft's vocabulary in the intersection a draft has too little
+#: to say to be worth loading (the issue's bar; real cross-family pairs share 60-95%).
+MIN_SHARE = 0.10
+#: Re-tokenizing starts at most this many draft tokens before the point where the text
+#: changed, at a token that begins a word (BPE pre-tokenizers split there).
+BACKOFF_MAX = 8
+BPE = 2  # llama.cpp's LLAMA_VOCAB_TYPE_BPE: byte-level, spells any bytes
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """Draft ids whose text is exactly one target token, and those target ids."""
+
+    draft_ids: np.ndarray  # int64, ascending
+    target_ids: np.ndarray  # int64, target_ids[i] is draft_ids[i]'s text in the target
+    n_draft: int
+    n_target: int
+
+    @property
+    def share(self) -> float:
+        """The share of the draft's vocabulary inside the intersection."""
+        return len(self.draft_ids) / max(1, self.n_draft)
+
+    def to_draft(self) -> np.ndarray:
+        """target id -> draft id (-1 outside the intersection)."""
+        out = np.full(self.n_target, -1, dtype=np.int64)
+        out[self.target_ids] = self.draft_ids
+        return out
+
+    @classmethod
+    def build(cls, target: Vocabulary, draft: Vocabulary) -> VocabMap:
+        """Match each token's bytes as it adds them to the text (llama.cpp's
+        token_to_piece: GPT-2's 'Ġ' and SentencePiece's '▁' are spaces, a byte-fallback
+        token its byte). Control and end-of-generation tokens stay out; where several
+        target tokens spell the same bytes (a byte token and a normal one), the normal one
+        stands for them, and likewise for the draft, so the map is one to one."""
+        by_text = {text: t for t, text in _spellings(target).items()}
+        pairs: dict[int, int] = {}
+        for d, text in _spellings(draft).items():
+            t = by_text.get(text)
+            if t is not None:
+                pairs[d] = t
+        drafts = np.fromiter(sorted(pairs), dtype=np.int64, count=len(pairs))
+        targets = np.fromiter((pairs[int(d)] for d in drafts), dtype=np.int64, count=len(pairs))
+        return cls(drafts, targets, draft.n_vocab, target.n_vocab)
+
+    @classmethod
+    def cached(cls, target: Vocabulary, draft: Vocabulary, cache_root: Path) -> VocabMap:
+        """`build`, once per pair of tokenizers: kept under cache_root/vocabmaps."""
+        key = hashlib.sha256(
+            f"{tokenizer_fingerprint(target)}|{tokenizer_fingerprint(draft)}".encode()
+        ).hexdigest()[:24]
+        path = cache_root / "vocabmaps" / f"{key}.npz"
+        try:
+            with np.load(path) as data:
+                found = cls(data["draft_ids"], data["target_ids"], draft.n_vocab, target.n_vocab)
+            if len(found.draft_ids) == len(found.target_ids):
+                return found
+        except (OSError, ValueError, KeyError):
+            pass  # absent, truncated or foreign: build it again
+        built = cls.build(target, draft)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{time.time_ns()}.tmp.npz")
+            np.savez(tmp, draft_ids=built.draft_ids, target_ids=built.target_ids)
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache costs a rebuild next time, nothing else
+        return built
+
+
+def _spellings(vocab: Vocabulary) -> dict[int, bytes]:
+    """Token id -> the bytes it adds to the text, one id per spelling (see build)."""
+    best: dict[bytes, int] = {}
+    for token in range(vocab.n_vocab):
+        if vocab.is_eog(token) or vocab.is_control(token):
+            continue
+        text = vocab.piece(token)
+        if not text:
+            continue
+        other = best.get(text)
+        if other is None or (vocab.is_byte(other) and not vocab.is_byte(token)):
+            best[text] = token
+    return {token: text for text, token in best.items()}
+
+
+def check_intersection(vmap: VocabMap, target: Vocabulary, draft: Vocabulary) -> None:
+    if vmap.share < MIN_SHARE:
+        raise IncompatiblePairError(
+            f"draft {draft.path.name} shares too few tokens with target {target.path.name} "
+            f"to draft for it: {len(vmap.draft_ids)} of its {vmap.n_draft} tokens "
+            f"({vmap.share:.0%}; at least {MIN_SHARE:.0%} needed) spell a target token"
+        )
+
+
+class CrossVocabDraft:
+    """The draft model of a cross-vocabulary pair, driven in target ids.
+
+    `cached` (target ids) is what the round loop believes the draft holds; the model's
+    own cache holds draft ids spelling a prefix of their text. Each `decode` brings the
+    model up to the whole text (`_bring_up`); a drafted token (one token in the
+    intersection, right after its row was read) is appended as the draft id it came
+    from; the round's end cuts the cache back and the next draft re-tokenizes the text
+    from a word start before it, so between rounds the cache is the tokenizer's own.
+    """
+
+    def __init__(self, model: Model, target: Vocabulary, vmap: VocabMap) -> None:
+        self.model, self.target, self.vmap = model, target, vmap
+        self.path = model.path
+        self.cached: list[int] = []  # target ids
+        # What a SentencePiece tokenizer with a space prefix writes before any text.
+        self._lead = _lead(model)
+        # The characters a vocabulary without byte tokens can spell (None: any).
+        self._alphabet = _alphabet(model)
+        self._text = bytearray(self._lead)  # the lead, then the bytes of `cached`
+        self._ends: list[int] = []  # len(_text) after each of `cached`
+        self._draft_ends: list[int] = []  # bytes spelt by model.cached[: i + 1]
+        self._canonical = 0  # model.cached[:_canonical] came from the tokenizer
+        self._to_draft = vmap.to_draft()
+        self._row = np.empty(vmap.n_target, dtype=np.float32)
+        self.sync_s = 0.0  # tokenizing and mapping, priced as draft time
+        self.lost: str | None = None  # why it cannot draft past this text (None: it can)
+        # A row was just read: one token decoded next is the one drawn from it.
+        self._served = False
+
+    # ---------------------------------------------------------- what rounds.py uses
+    @property
+    def decode_s(self) -> float:
+        return self.model.decode_s + self.sync_s
+
+    @property
+    def tokens_evaluated(self) -> int:
+        return self.model.tokens_evaluated
+
+    def can_draft(self) -> bool:
+        return self.lost is None
+
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
+        if not tokens:
+            return
+        if logits == "all":
+            raise ValueError("a cross-vocabulary draft reads its last row only")
+        m = self.model
+        drafted, self._served = self._served, False
+        if drafted and len(tokens) == 1 and len(self._draft_ends) == len(m.cached) < m.n_ctx \
+                and (not self._draft_ends or self._draft_ends[-1] == len(self._text)):
+            d = int(self._to_draft[tokens[0]]) if tokens[0] < len(self._to_draft) else -1
+            if d >= 0:  # the token it just drafted: its own id, no tokenizer
+                self._append(tokens)
+                m.decode([d], logits)
+                self._draft_ends.append(len(self._text))
+                return
+        self._append(tokens)
+        self._bring_up(logits == "last")
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """The draft's last row in target ids: -inf outside the intersection."""
+        t0 = time.perf_counter()
+        row = self._row
+        row.fill(-np.inf)
+        row[self.vmap.target_ids] = self.model.logits_row(-1)[self.vmap.draft_ids]
+        self.sync_s += time.perf_counter() - t0
+        self._served = True
+        return row
+
+    def sync_to(self, tokens: list[int]) -> int:
+        self._served = False
+        cached = self.cached
+        keep = 0
+        limit = min(len(cached), len(tokens))
+        if cached[:limit] == list(tokens[:limit]):
+            keep = limit
+        else:
+            while cached[keep] == tokens[keep]:
+                keep += 1
+        self.truncate(keep)
+        return keep
+
+    def truncate(self, n: int) -> None:
+        self._served = False
+        if n >= len(self.cached):
+            # Still repair a model cache an interrupt left mid-update.
+            self._cut_model(len(self._draft_ends))
+            return
+        del self.cached[n:], self._ends[n:]
+        del self._text[self._ends[-1] if self._ends else len(self._lead):]
+        kept = len(self._draft_ends)
+        while kept and self._draft_ends[kept - 1] > len(self._text):
+            kept -= 1
+        self._cut_model(kept)
+
+    def clear(self) -> None:
+        self.model.clear()
+        self.cached.clear()
+        self._ends.clear()
+        self._text[:] = self._lead
+        self._draft_ends.clear()
+        self._canonical = 0
+        self.lost = None
+
+    def pos_max(self) -> int:
+        """len(cached) - 1 where the model's cache spells a prefix of their text, as
+        llama.cpp agrees; -2 (never a cache's length) where it does not."""
+        m = self.model
+        spelt = b"".join(m.piece(t) for t in m.cached)
+        ok = (m.pos_max() + 1 == len(m.cached) == len(self._draft_ends)
+              and self._text.startswith(spelt))
+        return len(self.cached) - 1 if ok else -2
+
+    def canonical(self) -> list[int]:
+        """The draft's own tokenization of the whole text (what its cache should hold
+        once brought up; for tests)."""
+        text = _complete(self._text[len(self._lead):]).decode("utf-8", errors="replace")
+        return self._bos() + self.model.tokenize(text, add_bos=False, special=False)
+
+    # --------------------------------------------------------------- the re-sync
+    def _append(self, tokens: list[int]) -> None:
+        for t in tokens:
+            self.cached.append(t)
+            self._text += self.target.piece(t)
+            self._ends.append(len(self._text))
+
+    def _bos(self) -> list[int]:
+        m = self.model
+        return [m.bos] if m.adds_bos and m.bos >= 0 else []
+
+    def _cut_model(self, n: int) -> None:
+        m = self.model
+        m.sync_to(m.cached[:n])
+        del self._draft_ends[len(m.cached):]
+        self._canonical = min(self._canonical, len(m.cached))
+
+    def _bring_up(self, want_logits: bool) -> None:
+        """Re-tokenize the text from a word start a little before where the model's
+        tokens stop being the tokenizer's own, and decode what differs. Text the
+        tokenizer cannot spell back byte for byte stops drafting (`lost`), never the
+        generation."""
+        t0 = time.perf_counter()
+        m = self.model
+        bos = self._bos()
+        start = len(bos)
+        if len(m.cached) > start:
+            start = max(start, min(self._canonical, len(m.cached)) - 1)
+            floor = max(len(bos), start - BACKOFF_MAX)
+            while start > floor and not _word_start(m.piece(m.cached[start - 1]),
+                                                    m.piece(m.cached[start])):
+                start -= 1
+        fresh = self._tokenize_from(start)
+        if fresh is None and start > len(bos):
+            fresh, start = self._tokenize_from(len(bos)), len(bos)  # from the top, rarely
+        self.sync_s += time.perf_counter() - t0
+        if fresh is None:
+            self.lost = "the draft's tokenizer cannot spell the text back byte for byte"
+            return
+        wanted = bos + fresh if start == len(bos) else m.cached[:start] + fresh
+        if len(wanted) > m.n_ctx:
+            self.lost = "the draft's context window is full"
+            return
+        if not wanted:
+            self.lost = "the draft has no text to draft from"
+            return
+        kept = _common_prefix(m.cached, wanted)
+        if want_logits and kept == len(wanted):
+            kept -= 1  # the last row is read: decode the last token again
+        self._cut_model(kept)
+        ends = self._draft_ends
+        for t in wanted[kept:]:
+            ends.append((ends[-1] if ends else 0) + len(m.piece(t)))
+        m.decode(wanted[kept:], "last" if want_logits else "none")
+        self._canonical = len(m.cached)
+        self.lost = None
+
+    def _tokenize_from(self, start: int) -> list[int] | None:
+        """The draft's tokens for the text after its first `start` tokens (whole
+        characters only), or None where they would not spell it back byte for byte."""
+        m = self.model
+        offset = self._draft_ends[start - 1] if 0 < start <= len(self._draft_ends) else 0
+        tail = _complete(self._text[offset:])
+        lead = self._lead
+        if lead:  # the tokenizer writes its own leading space: give it the text after one
+            if not tail.startswith(lead):
+                return None
+            tail = tail[len(lead):]
+        try:
+            text = tail.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if self._alphabet is not None and not self._alphabet.issuperset(text):
+            return None  # llama.cpp aborts on a character such a vocabulary lacks
+        fresh = m.tokenize(text, add_bos=False, special=False)
+        return fresh if b"".join(m.piece(t) for t in fresh) == lead + tail else None
+
+
+def _lead(model: Model) -> bytes:
+    pieces = b"".join(model.piece(t) for t in model.tokenize("a", add_bos=False, special=False))
+    return pieces[: len(pieces) - 1] if pieces.endswith(b"a") else b""
+
+
+def _alphabet(model: Model) -> frozenset[str] | None:
+    """Byte-level BPE and byte-fallback vocabularies spell anything; others only the
+    characters of their pieces."""
+    if model.vocab_type == BPE or any(model.is_byte(t) for t in range(model.n_vocab)):
+        return None
+    return frozenset("".join(model.piece(t).decode("utf-8", errors="ignore")
+                             for t in range(model.n_vocab)))
+
+
+def _word_start(before: bytes, piece: bytes) -> bool:
+    """Whether a tokenizer would split between `before` and `piece`: a space after a
+    character that is not one (where BPE pre-tokenizers cut; runs of white space merge)."""
+    return piece[:1].isspace() and not before[-1:].isspace()
+
+
+def _complete(data: bytes | bytearray) -> bytes:
+    """`data` without an unfinished UTF-8 character at its end (a byte token's half of
+    one); the rest of the text is whole characters or was never UTF-8 at all."""
+    data = bytes(data)
+    for cut in range(1, min(4, len(data)) + 1):
+        lead = data[-cut]
+        if lead < 0x80:
+            return data
+        if lead >= 0xC0:
+            need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            return data if cut >= need else data[:-cut]
+    return data
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
