@@ -33,6 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,10 +156,14 @@ def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Cont
     for spec_type in filter(None, args.ngram.split(",")):
         with_draft = spec_type.startswith("draft+")
         name = spec_type.removeprefix("draft+")
+        # ngram-cache keeps what it learns across requests only in a dynamic cache file
+        # (-lcd), as our suffix cache keeps earlier outputs: give it one, fresh per run.
+        lcd = ["-lcd", tempfile.mkdtemp(prefix="lcd-") + "/dynamic.bin"] \
+            if name == "ngram-cache" else []
         out.append(Contender(
             f"llama-server {'-md + ' if with_draft else ''}{name}",
             [str(args.bins["llama-server"]), *common, *(md if with_draft else []),
-             "--spec-type", f"draft-simple,{name}" if with_draft else name],
+             "--spec-type", f"draft-simple,{name}" if with_draft else name, *lcd],
             "--port", "llama-server"))
     pair = (["--target", str(target), "--draft", str(draft)] if args.target
             else ["--pair", args.pair, *(["--config", args.config] if args.config else [])])

@@ -36,6 +36,7 @@ from specllama.engine.events import (
     TargetToken,
     TokensAccepted,
 )
+from specllama.engine.kvreport import cache_report
 from specllama.engine.llama import Model
 from specllama.paths import CACHE_ENV_VAR, cache_dir
 
@@ -419,3 +420,40 @@ def test_a_sentencepiece_style_draft_drafts_and_keeps_greedy_output(
         assert drafted > 0 and dec.drafter.lost is None, dec.drafter.lost
     finally:
         dec.close()
+
+
+# ------------------------------------------------------------- interruptions
+
+
+def test_ctrl_c_inside_the_drafts_decode_leaves_every_cache_consistent(cross, monkeypatch):
+    """Ctrl-C while the draft model decodes (mid re-sync or mid draft): the stream ends,
+    both caches are a prefix of the history as llama.cpp agrees, and the next call, which
+    reuses them (keep_cache), gives the target's greedy output."""
+    dec, _, _ = cross
+    text = PROMPTS[0]
+    alone = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=0).tokens
+    real = type(dec.draft).decode
+    for nth in (2, 3, 5, 8):
+        calls = {"n": 0}
+
+        def decode(model, tokens, logits="last", nth=nth, calls=calls):
+            if model is dec.draft:
+                calls["n"] += 1
+                if calls["n"] == nth:
+                    model.cached.extend(tokens)  # as an interrupt mid-decode can leave it
+                    raise KeyboardInterrupt
+            return real(model, tokens, logits)
+
+        monkeypatch.setattr(type(dec.draft), "decode", decode)
+        stream = dec.stream(text, max_tokens=32, sampling=GREEDY, draft_max=3,
+                            suffix_cache=False)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                pass
+        monkeypatch.setattr(type(dec.draft), "decode", real)
+        history = dec.tokenize(text) + list(stream.result.tokens)
+        report = cache_report(history[:-1], dec.target, dec.drafter)
+        assert report.consistent, (nth, report)
+        again = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=3,
+                             keep_cache=True, suffix_cache=False)
+        assert again.tokens == alone, nth
