@@ -158,8 +158,11 @@ def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Cont
         name = spec_type.removeprefix("draft+")
         # ngram-cache keeps what it learns across requests only in a dynamic cache file
         # (-lcd), as our suffix cache keeps earlier outputs: give it one, fresh per run.
-        lcd = ["-lcd", tempfile.mkdtemp(prefix="lcd-") + "/dynamic.bin"] \
-            if name == "ngram-cache" else []
+        lcd = []
+        if name == "ngram-cache":  # llama-server aborts if the file is missing: an empty one
+            path = Path(tempfile.mkdtemp(prefix="lcd-")) / "dynamic.bin"
+            path.touch()
+            lcd = ["-lcd", str(path)]
         out.append(Contender(
             f"llama-server {'-md + ' if with_draft else ''}{name}",
             [str(args.bins["llama-server"]), *common, *(md if with_draft else []),

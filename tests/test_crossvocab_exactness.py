@@ -457,3 +457,108 @@ def test_ctrl_c_inside_the_drafts_decode_leaves_every_cache_consistent(cross, mo
         again = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=3,
                              keep_cache=True, suffix_cache=False)
         assert again.tokens == alone, nth
+
+
+# ------------------------------------------------- each model's own chat template
+
+# The draft's template puts the role on the same line: its rendering of a conversation
+# differs from the target's ChatML, special tokens included.
+DRAFT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + ': ' + message['content'] + '<|im_end|>' }}"
+    "{% endfor %}{{ '<|im_start|>assistant: ' }}"
+)
+
+
+@pytest.fixture(scope="module")
+def templated(own_cache, tiny_target, tiny_model_factory):
+    draft = tiny_model_factory(seed=0, chat_template=DRAFT_TEMPLATE, **DRAFT)
+    dec = load_pair(tiny_target, draft, draft_mode="model")
+    yield dec
+    dec.close()
+
+
+def test_the_draft_reads_the_conversation_in_its_own_template(templated):
+    dec = templated
+    prompt = dec.target.prompt("the cat sat on the", chat=True)
+    own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
+    assert own == dec.draft.prompt("the cat sat on the", chat=True)
+    assert 3 in own and own != dec.drafter.canonical()  # its <|im_start|>, its layout
+    alone = dec.generate(prompt, max_tokens=24, sampling=GREEDY, draft_max=0).tokens
+    for k in (1, 3):
+        stream = dec.stream(prompt, max_tokens=24, sampling=GREEDY, draft_max=k,
+                            suffix_cache=False, draft_prompt=own)
+        rounds = 0
+        for ev in stream:
+            if isinstance(ev, RoundVerified):
+                rounds += 1
+                drafter = dec.drafter
+                assert drafter.pos_max() == len(drafter.cached) - 1
+                if drafter.model.cached:  # always its prompt first, never the target's
+                    assert drafter.model.cached[: len(own)] == own[: len(drafter.model.cached)]
+        assert stream.result.tokens == alone and stream.result.stats.drafted > 0
+        # Brought up to the text, the draft holds its prompt, then its reading of the reply.
+        d = dec.drafter
+        history = prompt + stream.result.tokens
+        n = len(history) - 1
+        kept = min(d.sync_to(history[:n]), n - 1)  # it may lag; read the last row anew
+        d.truncate(kept)
+        d.decode(history[kept:n], "last")
+        reply = dec.draft.tokenize(dec.target.detokenize(history[len(prompt):-1]),
+                                   add_bos=False, special=False)
+        assert d.model.cached == own + reply == d.canonical()
+
+
+def test_a_later_turn_reuses_the_drafts_reading_of_the_earlier_one(templated):
+    dec = templated
+    first = dec.target.prompt("the cat sat on the", chat=True)
+    own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
+    out = dec.generate(first, max_tokens=12, sampling=GREEDY, draft_max=3,
+                       suffix_cache=False, draft_prompt=own)
+    # The next turn's prompt starts with this one (a chat's history): the draft decodes
+    # only what its own rendering adds, not the conversation again.
+    second = first + out.tokens + dec.target.tokenize("<|im_start|>user\nmore<|im_end|>\n"
+                                                      "<|im_start|>assistant\n", add_bos=False)
+    own2 = own + dec.draft.tokenize(dec.target.detokenize(out.tokens), add_bos=False,
+                                    special=False) + \
+        dec.draft.tokenize("<|im_start|>user: more<|im_end|><|im_start|>assistant: ",
+                           add_bos=False)
+    before = dec.draft.tokens_evaluated
+    again = dec.generate(second, max_tokens=12, sampling=GREEDY, draft_max=3, keep_cache=True,
+                         suffix_cache=False, draft_prompt=own2)
+    assert again.tokens == dec.generate(second, max_tokens=12, sampling=GREEDY,
+                                        draft_max=0).tokens
+    assert dec.drafter.model.cached[: len(own2)] == own2[: len(dec.drafter.model.cached)]
+    decoded = dec.draft.tokens_evaluated - before
+    assert decoded < len(own2) // 2 + 3 * again.stats.target_steps, (decoded, len(own2))
+
+
+def test_sampled_output_with_the_drafts_own_prompt_follows_the_target(templated,
+                                                                      tiny_target):
+    dec = templated
+    prompt = dec.target.prompt("the cat sat on the", chat=True)
+    own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
+    exact = exact_joint(probe, prompt, TOP_K3, 3)
+    counts, drafted, accepted = sampled_joint(dec, prompt, TOP_K3, 3, 2000, draft_prompt=own)
+    # The first token after its own "assistant: " is rarely the target's; later ones are.
+    assert accepted["model"][0] > 200, accepted
+    assert goodness_of_fit(counts, exact) > 1e-3
+    probe.close()
+
+
+def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(templated):
+    from specllama.cli.chat.session import ChatSession
+    from specllama.cli.options import RunSettings
+
+    dec = templated
+    session = ChatSession(dec, RunSettings(temperature=0.0, max_tokens=10, draft_max=3,
+                                           draft_mode="model", n_ctx=dec.n_ctx, threads=1))
+    for text in ("the cat sat on the", "and then"):
+        events = list(session.reply(text))
+        assert isinstance(events[-1], Finished)
+        own = dec.draft.tokenize_chat(dec.draft.format_chat(session.chat_messages()[:-1]))
+        # the draft read this turn's conversation in its own template
+        assert dec.drafter.model.cached[: len(own)] == own
+        assert session.cache_report().consistent
+    assert [m.role for m in session.messages] == ["user", "assistant"] * 2

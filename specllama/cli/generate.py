@@ -95,15 +95,19 @@ def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: b
         seed = secrets.randbits(31) if settings.seed is None else settings.seed
         settings = dataclasses.replace(settings, stop=stop, seed=seed)
         tokens = prompt_tokens(decoder, text, chat, system)
+        # A draft of another family reads the conversation in its own chat template.
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        own = decoder.draft_prompt_for(messages) if chat is not False else None
         _generate(decoder, settings, tokens, err, plain=plain, as_json=as_json, why=verbose,
-                  live=bool(show_drafts or pace), pace=pace, trace=trace)
+                  live=bool(show_drafts or pace), pace=pace, trace=trace, draft_prompt=own)
     finally:
         decoder.close()
 
 
 def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
               err: Console, *, plain: bool, as_json: bool, why: bool, live: bool, pace: int,
-              trace: str | None) -> None:
+              trace: str | None, draft_prompt: list[int] | None = None) -> None:
     constraint = settings.constraint
     # Constrained output going to a file or a pipe is written whole or not at all: a
     # program reading it never gets half a JSON document.
@@ -119,6 +123,7 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         draft_mode=settings.draft_mode,
         stop=settings.stop,
         constraint=constraint,
+        draft_prompt=draft_prompt,
     )
     meter = CpuMeter()  # how much of the CPU others took: the figures' reliability
     meter.start()

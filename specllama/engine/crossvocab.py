@@ -141,8 +141,12 @@ class CrossVocabDraft:
         self._lead = _lead(model)
         # The characters a vocabulary without byte tokens can spell (None: any).
         self._alphabet = _alphabet(model)
-        self._text = bytearray(self._lead)  # the lead, then the bytes of `cached`
-        self._ends: list[int] = []  # len(_text) after each of `cached`
+        # The target's prompt and the draft's own rendering of it (its chat template):
+        # while `cached` follows the prompt, the draft reads that instead.
+        self._alias: tuple[list[int], list[int]] | None = None
+        self._alias_text = b""
+        self._text = bytearray(self._lead)  # what the draft reads before `cached`, then
+        self._ends: list[int] = []  # their bytes; len(_text) after each of `cached`
         self._draft_ends: list[int] = []  # bytes spelt by model.cached[: i + 1]
         self._canonical = 0  # model.cached[:_canonical] came from the tokenizer
         self._to_draft = vmap.to_draft()
@@ -212,7 +216,7 @@ class CrossVocabDraft:
             self._cut_model(len(self._draft_ends))
             return
         del self.cached[n:], self._ends[n:]
-        del self._text[self._ends[-1] if self._ends else len(self._lead):]
+        del self._text[self._ends[-1] if self._ends else len(self._fixed_text()):]
         kept = len(self._draft_ends)
         while kept and self._draft_ends[kept - 1] > len(self._text):
             kept -= 1
@@ -222,7 +226,7 @@ class CrossVocabDraft:
         self.model.clear()
         self.cached.clear()
         self._ends.clear()
-        self._text[:] = self._lead
+        self._text[:] = self._fixed_text()
         self._draft_ends.clear()
         self._canonical = 0
         self.lost = None
@@ -239,19 +243,64 @@ class CrossVocabDraft:
     def canonical(self) -> list[int]:
         """The draft's own tokenization of the whole text (what its cache should hold
         once brought up; for tests)."""
-        text = _complete(self._text[len(self._lead):]).decode("utf-8", errors="replace")
-        return self._bos() + self.model.tokenize(text, add_bos=False, special=False)
+        text = _complete(self._text[len(self._fixed_text()):]).decode("utf-8", errors="replace")
+        return self._fixed() + self.model.tokenize(text, add_bos=False, special=False)
+
+    def set_prompt(self, prompt: list[int], draft_prompt: list[int] | None) -> None:
+        """This call's prompt, and the draft's own tokens for it (its chat template's
+        rendering of the same conversation; None: it reads the target's text). While
+        `cached` follows the prompt the draft holds `draft_prompt`, then its reading of
+        the text generated after it. Keeps what both caches share with the new call."""
+        if draft_prompt is None:
+            if self._alias is not None:
+                self._alias, self._alias_text = None, b""
+                self._rebuild()
+            return
+        prompt, draft_prompt = list(prompt), list(draft_prompt)
+        m = self.model
+        keep = _common_prefix(self.cached, prompt)
+        del self.cached[keep:]
+        self._alias = (prompt, draft_prompt)
+        self._alias_text = b"".join(m.piece(t) for t in draft_prompt)
+        self._text = bytearray(self._alias_text)
+        self._ends = [len(self._alias_text)] * keep
+        self._cut_model(_common_prefix(m.cached, draft_prompt))
 
     # --------------------------------------------------------------- the re-sync
     def _append(self, tokens: list[int]) -> None:
         for t in tokens:
+            i = len(self.cached)
+            if self._alias is not None and i < len(self._alias[0]):
+                if t != self._alias[0][i]:  # this history leaves the prompt: plain text
+                    self._alias, self._alias_text = None, b""
+                    self._rebuild()
+                else:
+                    self.cached.append(t)  # spelt by the draft's prompt already
+                    self._ends.append(len(self._text))
+                    continue
             self.cached.append(t)
             self._text += self.target.piece(t)
             self._ends.append(len(self._text))
 
+    def _rebuild(self) -> None:
+        """`_text` and `_ends` as the plain reading of `cached`; the model starts over."""
+        self._text = bytearray(self._lead)
+        self._ends = []
+        for t in self.cached:
+            self._text += self.target.piece(t)
+            self._ends.append(len(self._text))
+        self._cut_model(0)
+
     def _bos(self) -> list[int]:
         m = self.model
         return [m.bos] if m.adds_bos and m.bos >= 0 else []
+
+    def _fixed(self) -> list[int]:
+        """The draft tokens its tokenizer never re-reads: its prompt, or its BOS."""
+        return self._alias[1] if self._alias is not None else self._bos()
+
+    def _fixed_text(self) -> bytes:
+        return self._alias_text if self._alias is not None else self._lead
 
     def _cut_model(self, n: int) -> None:
         m = self.model
@@ -266,7 +315,7 @@ class CrossVocabDraft:
         generation."""
         t0 = time.perf_counter()
         m = self.model
-        bos = self._bos()
+        bos = self._fixed()
         start = len(bos)
         if len(m.cached) > start:
             start = max(start, min(self._canonical, len(m.cached)) - 1)
@@ -303,13 +352,17 @@ class CrossVocabDraft:
         """The draft's tokens for the text after its first `start` tokens (whole
         characters only), or None where they would not spell it back byte for byte."""
         m = self.model
-        offset = self._draft_ends[start - 1] if 0 < start <= len(self._draft_ends) else 0
+        # The fixed tokens spell the draft's prompt (a BOS spells nothing).
+        offset = len(self._alias_text) if start == len(self._fixed()) \
+            else self._draft_ends[start - 1]
         tail = _complete(self._text[offset:])
         lead = self._lead
         if lead:  # the tokenizer writes its own leading space: give it the text after one
             if not tail.startswith(lead):
-                return None
+                return [] if not tail else None
             tail = tail[len(lead):]
+        if not tail:
+            return []
         try:
             text = tail.decode("utf-8")
         except UnicodeDecodeError:

@@ -168,12 +168,14 @@ class SpeculativeDecoder:
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
         suffix_cache: bool = True,
+        draft_prompt: Sequence[int] | None = None,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
                              draft_mode=draft_mode, constraint=constraint,
-                             logprobs=logprobs, suffix_cache=suffix_cache)
+                             logprobs=logprobs, suffix_cache=suffix_cache,
+                             draft_prompt=draft_prompt)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -192,6 +194,7 @@ class SpeculativeDecoder:
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
         suffix_cache: bool = True,
+        draft_prompt: Sequence[int] | None = None,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -209,8 +212,10 @@ class SpeculativeDecoder:
         drafts copy from `self.suffix_cache` too (a corpus, a persisted cache, earlier
         calls' outputs; not those where a seed is to repeat sampled output: a fixed
         draft length, a seed and temperature > 0); False: from this call's context
-        alone. Either way the output joins the cache. Bad arguments raise here, before
-        generating.
+        alone. Either way the output joins the cache. draft_prompt: for a
+        cross-vocabulary pair, the draft's own tokens for the prompt (its chat template's
+        rendering of the same conversation, see `draft_prompt_for`); None: it reads the
+        target's text. Bad arguments raise here, before generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
@@ -245,12 +250,29 @@ class SpeculativeDecoder:
             force=draft_max != 0, logprobs=logprobs,
         )
         stream = GenerationStream()
-        stream._events = self._remembered(generation, stream)
+        aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]
+        stream._events = self._remembered(generation, stream, aliased)
         return stream
 
-    def _remembered(self, generation: Generation,
-                    stream: GenerationStream) -> Generator[Event, None, None]:
+    def draft_prompt_for(self, messages: list[dict[str, str]]) -> list[int] | None:
+        """The draft's own chat-template rendering of a conversation (role/content
+        dicts), for `stream(draft_prompt=...)`: only for a cross-vocabulary pair where
+        both models have a chat template and the draft's renders it (else None: the
+        draft reads the target's rendering)."""
+        if not self.cross_vocab or self.draft is None or self.target.chat_template() is None \
+                or self.draft.chat_template() is None:
+            return None
+        try:
+            rendered = self.draft.format_chat(messages)
+        except Exception:  # noqa: BLE001 - a template may refuse anything (a system role)
+            return None
+        return self.draft.tokenize_chat(rendered)
+
+    def _remembered(self, generation: Generation, stream: GenerationStream,
+                    draft_prompt: list[int] | None) -> Generator[Event, None, None]:
         """The generation's events; however it ends, its output joins the suffix cache."""
+        if isinstance(self.drafter, CrossVocabDraft):
+            self.drafter.set_prompt(generation.committed, draft_prompt)
         try:
             yield from generation.run(stream)
         finally:

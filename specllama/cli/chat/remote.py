@@ -108,7 +108,8 @@ class RemoteDecoder:
 
     def stream(self, tokens: Sequence[int], *, max_tokens: int, sampling: Any,
                draft_max: int | str, draft_mode: str, stop: Sequence[str] = (),
-               keep_cache: bool = True, constraint: Any = None) -> RemoteStream:
+               keep_cache: bool = True, constraint: Any = None,
+               draft_prompt: Sequence[int] | None = None) -> RemoteStream:
         self._ensure()
         self._orders += 1
         work = Work("chat", list(tokens), max_tokens, sampling, tuple(stop), constraint)

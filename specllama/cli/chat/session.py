@@ -224,6 +224,13 @@ class ChatSession:
             return target.tokenize(text, add_bos=target.adds_bos, special=True)
         return target.tokenize_chat(text)
 
+    def _draft_prompt(self) -> list[int] | None:
+        """A draft of another family reads the conversation in its own chat template
+        (a remote engine's draft reads the target's)."""
+        if self.plain_format or not isinstance(self.decoder, SpeculativeDecoder):
+            return None
+        return self.decoder.draft_prompt_for(self.chat_messages())
+
     def _starts_with_special(self, text: str, token: int) -> bool:
         """A control token (prints as nothing) whose own text begins `text`: then
         tokenizing from here gives what tokenizing the whole would."""
@@ -305,6 +312,7 @@ class ChatSession:
                 stop=PLAIN_STOP if self.plain_format else (),
                 keep_cache=True,
                 constraint=s.constraint,
+                draft_prompt=self._draft_prompt(),
             )
             if trimmed is not None:
                 yield trimmed
