@@ -562,3 +562,23 @@ def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(template
         assert dec.drafter.model.cached[: len(own)] == own
         assert session.cache_report().consistent
     assert [m.role for m in session.messages] == ["user", "assistant"] * 2
+
+
+def test_the_server_renders_each_request_in_the_drafts_own_template(templated):
+    """serve's parent tokenizes a chat request with the target's template and sends its
+    turns along; the engine process renders them in the draft's."""
+    from specllama.server.jobs import Engine, Order
+    from specllama.server.prompts import Defaults, build_work
+    from specllama.server.schema import ChatRequest
+
+    dec = templated
+    req = ChatRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "the cat sat on the"}], "temperature": 0, "max_tokens": 12})
+    work = build_work(dec.target, dec.n_ctx, Defaults(SamplingParams(), 12), req)
+    assert work.turns == (("user", "the cat sat on the"),)
+    outcome = Engine(dec).run(Order(1, work, "end", 3, "model"), lambda e: None, lambda: False)
+    assert outcome.failure is None
+    own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
+    assert dec.drafter.model.cached[: len(own)] == own
+    alone = dec.generate(work.tokens, max_tokens=12, sampling=GREEDY, draft_max=0)
+    assert outcome.result.tokens == alone.tokens

@@ -126,6 +126,8 @@ class Engine:
                 keep_cache=True,  # a resent conversation is evaluated from where it differs
                 constraint=work.constraint,
                 logprobs=work.logprobs,
+                draft_prompt=self.decoder.draft_prompt_for(
+                    [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
             )
             for event in stream:
                 if cancelled():

@@ -41,16 +41,22 @@ class Work:
     stop: tuple[str, ...]
     constraint: ConstraintSpec | None = None
     logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
+    # A chat's (role, content) turns: a draft of another family renders them in its own
+    # chat template, in the engine process (which has its vocabulary).
+    turns: tuple[tuple[str, str], ...] = ()
 
 
 def build_work(
     vocab: Vocabulary, n_ctx: int, defaults: Defaults, req: ChatRequest | CompletionRequest
 ) -> Work:
     """`vocab`: the target's tokenizer (the engine runs elsewhere: isolation.py)."""
+    turns: tuple[tuple[str, str], ...] = ()
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
         tokens, extra_stop = chat_tokens(vocab, req)
         param = "messages"
+        if not extra_stop:  # rendered by the target's template
+            turns = tuple((t["role"], t["content"]) for t in _turns(req))
     else:
         kind, tokens, extra_stop, param = "completion", _tokenize(vocab, req.text()), (), \
             "prompt"
@@ -85,7 +91,7 @@ def build_work(
     except InvalidParameterError as exc:
         raise APIError(400, str(exc)) from None
     return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop,
-                constraint(req.response_format, defaults.constraint), req.n_logprobs)
+                constraint(req.response_format, defaults.constraint), req.n_logprobs, turns)
 
 
 def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
@@ -119,10 +125,7 @@ def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
 def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
     """The conversation in the target's chat template (as `specllama chat` renders it);
     a plain 'User: / Assistant:' format when the target has none."""
-    turns = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in req.messages
-    ]
+    turns = _turns(req)
     if target.chat_template() is None:
         return _tokenize(target, _plain(turns)), PLAIN_STOP
     try:
@@ -137,6 +140,11 @@ def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[
             ) from None
         rendered = folded
     return target.tokenize_chat(rendered), ()
+
+
+def _turns(req: ChatRequest) -> list[dict[str, str]]:
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in req.messages]
 
 
 def _render_folded(target: Any, turns: list[dict[str, Any]]) -> str | None:
