@@ -16,6 +16,7 @@ re-sync, not a restart.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import time
 from dataclasses import dataclass
@@ -197,15 +198,7 @@ class CrossVocabDraft:
         return row
 
     def sync_to(self, tokens: list[int]) -> int:
-        self._served = False
-        cached = self.cached
-        keep = 0
-        limit = min(len(cached), len(tokens))
-        if cached[:limit] == list(tokens[:limit]):
-            keep = limit
-        else:
-            while cached[keep] == tokens[keep]:
-                keep += 1
+        keep = _common_prefix(self.cached, list(tokens))
         self.truncate(keep)
         return keep
 
@@ -217,10 +210,8 @@ class CrossVocabDraft:
             return
         del self.cached[n:], self._ends[n:]
         del self._text[self._ends[-1] if self._ends else len(self._fixed_text()):]
-        kept = len(self._draft_ends)
-        while kept and self._draft_ends[kept - 1] > len(self._text):
-            kept -= 1
-        self._cut_model(kept)
+        # the draft tokens that spell within what is left (their ends never decrease)
+        self._cut_model(bisect.bisect_right(self._draft_ends, len(self._text)))
 
     def clear(self) -> None:
         self.model.clear()
