@@ -119,7 +119,7 @@ def test_agreement_before_drafting(dec):
     and agrees with the target often but far from always."""
     prompts = [dec.tokenize(p) for p in PROMPTS[:3]]
     seen = measure(dec, prompts, 24, SamplingParams(0.8))
-    assert seen.positions == 72
+    assert 24 < seen.positions <= 72  # fewer only where the target ends a text early
     assert 0.85 < seen.mass_inside <= 1.0
     assert 0.25 < seen.greedy < 0.95 and 0.25 < seen.alpha < 0.95
 
