@@ -164,19 +164,27 @@ def exact_joint(model: Model, prompt: list[int], params: SamplingParams, n: int)
     return joint
 
 
-def empirical_joint(dec, prompt, params: SamplingParams, n: int, runs: int, **kwargs):
-    """Counts of the first n tokens over `runs` seeds, and the summed stats."""
+def empirical_joint(dec, prompt, params: SamplingParams, n: int, runs: int,
+                    spliced: list[int] | None = None, generate: int = 0, **kwargs):
+    """Counts of the first n tokens over `runs` seeds, and the summed stats (`spliced`,
+    when given, sums tokens spliced into model drafts and those accepted). `generate`:
+    generate that many tokens (n at least) and count the first n, so that the last
+    rounds counted are not cut short by the end of the generation."""
     counts: dict = {}
     drafted_at = [0] * 8
     accepted_at = [0] * 8
     for seed in range(runs):
         s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
-        res = dec.generate(prompt, max_tokens=n, sampling=s, keep_cache=True, **kwargs)
-        key = tuple(res.tokens)
+        res = dec.generate(prompt, max_tokens=max(n, generate), sampling=s, keep_cache=True,
+                           **kwargs)
+        key = tuple(res.tokens[:n])
         counts[key] = counts.get(key, 0) + 1
         for i, (d, a) in enumerate(zip(res.stats.drafted_at, res.stats.accepted_at)):
             drafted_at[i] += d
             accepted_at[i] += a
+        if spliced is not None:
+            spliced[0] += res.stats.spliced
+            spliced[1] += res.stats.spliced_accepted
     return counts, drafted_at, accepted_at
 
 
@@ -363,6 +371,76 @@ def test_greedy_with_the_suffix_cache_equals_the_target_alone(cache_setup):
     alone = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=0)
     cached = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=3)
     assert cached.tokens == alone.tokens and cached.stats.origin_drafted.get("corpus", 0) > 0
+
+
+@pytest.fixture(scope="module")
+def follow_setup(tiny_target, tiny_draft):
+    """Two earlier replies of one shape: the base, its continuation, and more after it
+    (the cache keeps these two alone). The first round copies the continuation from
+    both; from then on the text follows them, and the draft model's drafts take the
+    tokens both replies have next for free (`ModelDraft.splice`)."""
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
+                                  draft_mode="hybrid")
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
+    base, cont, sep = lookup_chain_parts(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
+    more = dec.generate(base + cont, max_tokens=12, draft_max=0, suffix_cache=False,
+                        sampling=SamplingParams(temperature=0.0)).tokens
+    reply = base + cont + [t for t in more if not probe.is_eog(t)]
+    dec.suffix_cache.corpus.add(reply, "corpus")
+    dec.suffix_cache.corpus.add(reply, "corpus")
+    dec.suffix_cache.remember = lambda *args: None  # type: ignore[method-assign]
+    # The prompt ends with 3 tokens of the base alone: the copy of one token it allows
+    # (the shortest match) leaves the tokens after it to following.
+    yield dec, probe, base[:1] + sep + base[-3:]
+    probe.close()
+    dec.close()
+
+
+def test_drafts_following_earlier_replies_follow_the_target_distribution(follow_setup):
+    dec, probe, prompt = follow_setup
+    params = SamplingParams(temperature=1.0, top_k=3)
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    spliced = [0, 0]
+    counts, drafted_at, accepted_at = empirical_joint(
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, spliced, generate=8, draft_max=3)
+    # Spliced tokens were drafted hundreds of times, accepted and rejected.
+    assert spliced[0] > 300 and 50 < spliced[1] < spliced[0], spliced
+    assert drafted_at[2] > CHAIN_RUNS // 4 and accepted_at[2] > 50, (drafted_at, accepted_at)
+    assert goodness_of_fit(counts, exact) > 1e-3
+
+
+def test_the_following_test_rejects_a_spliced_token_given_the_models_q(
+        follow_setup, monkeypatch):
+    """A wrong rule only the splice can show: its tokens verified as if the draft model
+    had drawn them from its last q, not put there whatever q says."""
+    from specllama.engine.drafts import ModelDraft
+
+    dec, probe, prompt = follow_setup
+    params = SamplingParams(temperature=1.0, top_k=3)
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    real = ModelDraft._spliced
+
+    def wrong(self, committed, draft, k, constraint, reads):
+        free = real(self, committed, draft, k, constraint, reads)
+        if free:
+            q = draft.qs[len(draft.tokens) - len(free) - 1]
+            draft.qs[len(draft.tokens) - len(free):] = [q] * len(free)
+        return free
+
+    monkeypatch.setattr(ModelDraft, "_spliced", wrong)
+    counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, generate=8,
+                                   draft_max=3)
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    assert goodness_of_fit(counts, exact) < 1e-6
+
+
+def test_greedy_following_earlier_replies_equals_the_target_alone(follow_setup):
+    dec, _, prompt = follow_setup
+    greedy = SamplingParams(temperature=0.0)
+    alone = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=0)
+    followed = dec.generate(prompt, max_tokens=24, sampling=greedy, draft_max=3)
+    assert followed.tokens == alone.tokens
 
 
 # ------------------------------------------------- vocabularies that differ at the end

@@ -127,3 +127,76 @@ def test_documents_added_at_once_are_found_as_those_added_one_by_one():
     for d in docs[::7]:
         assert sorted(many.candidates(d[:6])) == sorted(one.candidates(d[:6]))
     assert many.documents()[3][1:] == ("persisted", 1.0)
+
+
+# Replies of one shape: {"a": <value>, "b": <value>, "c": <value>}, with values of
+# their own. OPEN, KEY_x, SAY (": "), NEXT (",\n  "), CLOSE stand for the format's tokens.
+OPEN, SAY, NEXT, CLOSE = 3, 4, 5, 6
+KEY_A, KEY_B, KEY_C = 100, 101, 102
+ASK = [7, 8, 9]  # the end of every prompt (the chat template's assistant header)
+
+
+def reply(a: list[int], b: list[int], c: list[int]) -> list[int]:
+    return [*ASK, OPEN, KEY_A, SAY, *a, NEXT, KEY_B, SAY, *b, NEXT, KEY_C, SAY, *c, CLOSE]
+
+
+def following_draft() -> LookupDraft:
+    history = SuffixArchive()
+    history.add(reply([20, 21], [30], [40, 41, 42]), "session")
+    history.add(reply([22], [31, 32], [43]), "session")
+    history.add(reply([23, 24, 25], [33], [44, 45]), "session")
+    return LookupDraft(archives=[(history, None)])
+
+
+def test_a_reply_of_one_shape_follows_earlier_ones_past_its_own_values():
+    draft = following_draft()
+    text = [1, 2, *ASK]
+    first = draft.chain(text, 8)  # the prompt's end: a plain match of 3, one token
+    assert first is not None and first.tokens == [OPEN] and draft.following()
+    text += [OPEN, KEY_A, SAY, 90, 91, 92]  # a value no reply had
+    assert not draft.has_match(text)  # nothing to follow inside a value
+    text += [NEXT]
+    # After the value, NEXT matches after every key; following finds the one where each
+    # reply's own value ended: key b comes next, in all three.
+    assert draft.has_match(text) and draft.follows()
+    chain = draft.chain(text, 3)
+    assert chain is not None and chain.origin == "session"
+    assert chain.tokens[:2] == [KEY_B, SAY] and chain.probs[:2] == [1.0, 1.0]
+    text += [KEY_B, SAY, 93, NEXT]  # in step through the key, then another own value
+    chain = draft.chain(text, 2)
+    assert chain is not None and chain.tokens == [KEY_C, SAY]
+
+
+def test_a_model_draft_takes_free_what_the_followed_replies_agree_on():
+    draft = following_draft()
+    text = [1, 2, *ASK]
+    draft.chain(text, 8)
+    text += [OPEN, KEY_A, SAY, 90]
+    draft.has_match(text)  # the round settles: the replies are walked to here
+    # A draft in progress: the model drew 91 (a value), then NEXT: the fixed part after
+    # it comes free, up to the next value, where the replies disagree.
+    assert draft.agreed([*text, 91], 8) == ([], "")
+    assert draft.agreed([*text, 91, NEXT], 8) == ([KEY_B, SAY], "session")
+    assert draft.agreed([*text, 91, NEXT], 1) == ([KEY_B], "session")
+    # It reads nothing the round changes: asking again gives the same.
+    assert draft.agreed([*text, 91, NEXT], 8) == ([KEY_B, SAY], "session")
+
+
+def test_one_followed_reply_alone_splices_nothing():
+    history = SuffixArchive()
+    history.add(reply([20], [30], [40]), "session")
+    draft = LookupDraft(archives=[(history, None)])
+    text = [1, 2, *ASK]
+    draft.chain(text, 8)
+    text += [OPEN, KEY_A, SAY, 90]
+    draft.has_match(text)
+    assert not draft.following() and draft.agreed([*text, NEXT], 8) == ([], "")
+
+
+def test_around_stays_inside_the_document():
+    archive = SuffixArchive()
+    archive.add([1, 2, 3, 4], "session")
+    archive.add([5, 6, 7], "session")
+    start = archive.starts[1]
+    assert archive.around(start + 1, 4, 10) == ([5, 6, 7], 1)
+    assert archive.around(start - 2, 1, 10) == ([3, 4], 1)

@@ -22,3 +22,21 @@ def test_token_printer_plain():
     printer.show(TokensAccepted((1,), "Hello"))
     printer.show(TargetToken(3, " world", "plain"))
     assert out.getvalue() == "Hello world"
+
+
+def test_stats_count_spliced_tokens_by_origin_and_say_so():
+    from rich.console import Console
+
+    from specllama.cli.ui import stats_table
+    from specllama.engine.stats import Stats
+
+    stats = Stats()
+    # a model draft of 6 whose tokens 2-4 came from earlier replies; 4 accepted
+    stats.record_round(6, 4, 5, spliced=[2, 3, 4], spliced_origin="session")
+    stats.record_round(3, 3, 4, origin="session")  # a lookup draft
+    assert (stats.spliced, stats.spliced_accepted) == (3, 2)
+    assert stats.origin_drafted == {"session": 6} and stats.origin_accepted == {"session": 5}
+    console = Console(file=io.StringIO(), width=200)
+    console.print(stats_table(stats))
+    assert ("lookup from  session 5/6 accepted (2/3 inside model drafts, following earlier "
+            "replies)") in console.file.getvalue()

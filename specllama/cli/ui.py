@@ -113,7 +113,9 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
     if stats.origin_drafted:
         table.add_row("lookup from", ", ".join(
             f"{origin} {stats.origin_accepted.get(origin, 0)}/{n}"
-            for origin, n in stats.origin_drafted.items()) + " accepted")
+            for origin, n in stats.origin_drafted.items()) + " accepted"
+            + (f" ({stats.spliced_accepted}/{stats.spliced} inside model drafts, following "
+               "earlier replies)" if stats.spliced else ""))
     if stats.forced or stats.mask_s:
         share = stats.mask_s / (stats.generate_s or 1.0)
         table.add_row("constraint", f"{stats.forced_accepted}/{stats.forced} forced tokens "

@@ -55,6 +55,10 @@ class Draft:
     forced: int = 0
     #: Where a lookup draft's text was seen (`suffixcache.ORIGINS`); "" for a model's.
     origin: str = ""
+    #: Where a model draft's splice added tokens (not drawn from the model: q all on
+    #: them; `ModelDraft.splice`), and where their text was seen.
+    spliced: list[int] = field(default_factory=list)
+    spliced_origin: str = ""
 
 
 #: (draft row j, the draft model's confidence there) -> what to do: DraftLengthPolicy.extend
@@ -107,6 +111,10 @@ class ModelDraft:
         self.p_min = p_min
         self.target_p: Mapping[int, float] = target_p if target_p is not None else {}
         self._drafted = False  # the model decoded since the last settle()
+        # (tokens so far, at most n) -> tokens known to come next and where they were
+        # seen, drafted free (q all on each) after a drawn one: a deterministic function
+        # of the text, as a lookup is.
+        self.splice: Callable[[list[int], int], tuple[list[int], str]] | None = None
 
     def propose(
         self,
@@ -136,7 +144,8 @@ class ModelDraft:
         # A policy with a stop rule reads the draft's confidence; greedy that costs a
         # softmax over the vocabulary (0.2-0.3 ms a row here), so only then.
         reads = extend is not always_more
-        for i in range(k):
+        for _ in range(k):
+            i = len(draft.tokens)
             logits = m.logits_row(-1)
             if constraint is not None:
                 logits = masked(logits, constraint.allowed())
@@ -157,11 +166,33 @@ class ModelDraft:
                 constraint.advance([token])
             if reads:
                 draft.confidences.append(sure)
-            if step == "last" or i + 1 == k:
+            if step == "last" or i + 1 >= k:
                 break
-            m.decode([token], "last")
+            free = self._spliced(committed, draft, k, constraint, reads)
+            m.decode([token, *free], "last")
+            if len(draft.tokens) >= k:
+                break  # the splice filled the draft: its last row is not read
         draft.steps_s = m.decode_s - steps_from
         return draft
+
+    def _spliced(self, committed: list[int], draft: Draft, k: int,
+                 constraint: Constraint | None, reads: bool) -> list[int]:
+        """Append what `splice` says comes next (within k and the constraint) to the
+        draft; the tokens appended."""
+        if self.splice is None:
+            return []
+        free, origin = self.splice(committed + draft.tokens, k - len(draft.tokens))
+        if constraint is not None and free:
+            free = free[: constraint.fits(free)]
+            constraint.advance(free)
+        if free:
+            draft.spliced += range(len(draft.tokens), len(draft.tokens) + len(free))
+            draft.spliced_origin = origin
+        draft.tokens += free
+        draft.qs += [None] * len(free)
+        if reads:
+            draft.confidences += [1.0] * len(free)
+        return free
 
     def _catch_up(self, committed: list[int], kept: int, params: SamplingParams,
                   draft: Draft) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from .constraint import Constraint
-from .drafts import ChooseK, Draft, DraftStrategy, Extend, always_more
+from .drafts import ChooseK, Draft, DraftStrategy, Extend, ModelDraft, always_more
 from .sampling import SamplingParams
 from .suffixcache import MATCH_MAX, Origin, SuffixArchive
 
@@ -200,6 +200,62 @@ class NgramIndex:
 #: Occurrences pooled at most (the context's latest first, then the archives'): their
 #: continuations' counts give each drafted token its probability.
 POOL = 16
+#: Earlier documents followed at once: those whose continuation agreed with a chain
+#: drafted from them, the most recent ones.
+FOLLOW = 4
+#: The share of followed documents that must agree on a token a model draft takes free.
+AGREE = 0.75
+#: How far ahead of where the text stands a followed document is searched, and how far
+#: back a match with it is measured.
+WINDOW, MATCH_BACK = 48, 16
+
+
+@dataclass(frozen=True)
+class _Trail:
+    """Where the text stands in a document it follows: `pos`, the position there of the
+    token expected next, after `run` tokens in step with it (0: out of step, the text
+    is at a value of its own)."""
+
+    pos: int
+    run: int
+
+
+def _walk(archive: SuffixArchive, trail: _Trail, text: Sequence[int], start: int) -> _Trail:
+    """The trail after text[start:]: in step while the document has the same tokens;
+    out of step, each token is looked for ahead (within WINDOW), where it ends the
+    longest match with the text (the earliest of equal ones), which puts it back in step:
+    after a value of its own, `",` finds the end of the document's value, not an earlier
+    key's."""
+    new = text[start:]
+    if not new:
+        return trail
+    seg, p = archive.around(trail.pos, MATCH_BACK, WINDOW + len(new))
+    base, run = trail.pos - p, trail.run
+    for j, t in enumerate(new):
+        if run and p < len(seg) and seg[p] == t:
+            p, run = p + 1, run + 1
+            continue
+        at, best, e = start + j, 0, p
+        while t in seg[e:]:
+            e = seg.index(t, e) + 1
+            n = 1
+            while n < MATCH_BACK and n < e and n <= at and seg[e - 1 - n] == text[at - n]:
+                n += 1
+            if n > best:
+                best, p = n, e
+        run = best
+    return _Trail(base + p, run)
+
+
+@dataclass(frozen=True)
+class _Followed:
+    """A followed document where the text is in step with it (`_walk`): the position
+    of the token it has next, and how many tokens before it agree."""
+
+    archive: int
+    doc: int
+    pos: int
+    length: int
 
 
 @dataclass(frozen=True)
@@ -262,18 +318,25 @@ class LookupDraft:
         self.index = NgramIndex(n_min, n_max)
         self.cap_by_match = cap_by_match
         self.archives = tuple(archives)
-        self._found: tuple[int, int, list[tuple[int, list[int]]]] | None = None
+        self._found: tuple[int, int, list[tuple[int, list[int]]], list[_Followed]] | None = None
+        # Documents the text follows: (archive, document) -> where it stands there, the
+        # most recently followed last.
+        self._following: dict[tuple[int, int], _Trail] = {}
+        self._walked = 0  # the trails are where the text stood at this length
 
-    def _search(self, committed: Sequence[int]) -> tuple[int, list[tuple[int, list[int]]]]:
+    def _search(self, committed: Sequence[int]) -> tuple[
+            int, list[tuple[int, list[int]]], list[_Followed]]:
         """(the longest match over all sources, each archive's positions matching at
-        least min(that, n_max)), cached for the committed length."""
+        least min(that, n_max), the followed documents' hits), cached for the committed
+        length."""
         self.index.sync(committed)
         L = len(self.index)
         if self._found is not None and self._found[0] == L:
-            return self._found[1], self._found[2]
+            return self._found[1], self._found[2], self._found[3]
         own = self.index.match()
         best = own[1] if own is not None else 0
         hits: list[tuple[int, list[tuple[int, int]]]] = []
+        followed: list[_Followed] = []
         if self.archives:
             tail = self.index.tokens[-MATCH_MAX:]
             for i, (archive, _) in enumerate(self.archives):
@@ -281,22 +344,42 @@ class LookupDraft:
                 if found:
                     best = max(best, max(n for _, n in found))
                     hits.append((i, found))
+            followed = self._refollow(self.index.tokens)
+            if best >= self.index.n_max:
+                followed = []  # copying: the match says more than following
         pooled = min(best, self.index.n_max)
         archived = [(i, [p for p, n in found if n >= pooled]) for i, found in hits]
-        self._found = (L, best, archived)
-        return best, archived
+        self._found = (L, best, archived, followed)
+        return best, archived, followed
 
     def has_match(self, committed: Sequence[int]) -> bool:
-        return self._search(committed)[0] > 0
+        best, _, followed = self._search(committed)
+        return best > 0 or bool(followed)
+
+    def following(self) -> bool:
+        """Whether earlier documents are followed (the text stood in step with them)."""
+        return len(self._following) >= 2
+
+    def follows(self) -> bool:
+        """Whether the current lookup follows earlier documents (after has_match)."""
+        return self._found is not None and bool(self._found[3])
 
     def match_length(self) -> int:
-        """How many tokens the current match spans (0 without one; after has_match)."""
-        return self._found[1] if self._found is not None else 0
+        """How many tokens the current match spans (0 without one; after has_match); a
+        followed document's longest where one is followed."""
+        if self._found is None:
+            return 0
+        followed = self._found[3]
+        return max(f.length for f in followed) if followed else self._found[1]
 
     def chain(self, committed: Sequence[int], k: int) -> Chain | None:
         """The lookup continuation of `committed` (at most k tokens; None without a match)."""
-        best, archived = self._search(committed)
-        if best == 0 or k <= 0:
+        best, archived, followed = self._search(committed)
+        if k <= 0:
+            return None
+        if followed:
+            return self._follow_chain(followed, k)
+        if best == 0:
             return None
         if self.cap_by_match:
             k = min(k, best - self.index.n_min + 1)
@@ -311,12 +394,74 @@ class LookupDraft:
         tokens, probs, first = likeliest_chain(pool, k)
         if not tokens:
             return None
+        for (i, p), cont in zip(where, pool):
+            if i >= 0 and cont[:1] == tokens[:1]:
+                self._follow(i, self.archives[i][0].document_at(p), _Trail(p, best))
         i, p = where[first]
         if i < 0:
             return Chain(tokens, probs, "context")
         archive, origin = self.archives[i]
         archive.touch(p)
         return Chain(tokens, probs, origin or archive.origin_at(p))
+
+    def _follow(self, i: int, doc: int, trail: _Trail) -> None:
+        """Follow that document from there (the latest followed)."""
+        self._following.pop((i, doc), None)
+        self._following[(i, doc)] = trail
+        if len(self._following) > FOLLOW:
+            del self._following[next(iter(self._following))]
+
+    def _refollow(self, tokens: list[int]) -> list[_Followed]:
+        """Walk each followed document along the tokens committed since the last round;
+        those in step with the text, most recent first."""
+        L = len(tokens)
+        if L < self._walked:  # another text: follow nothing from before
+            self._following.clear()
+        out: list[_Followed] = []
+        for key, trail in reversed(self._following.items()):
+            trail = self._following[key] = _walk(self.archives[key[0]][0], trail, tokens,
+                                                 min(self._walked, L))
+            if trail.run:
+                out.append(_Followed(*key, trail.pos, trail.run))
+        self._walked = L
+        return out
+
+    def agreed(self, tokens: Sequence[int], k: int) -> tuple[list[int], str]:
+        """Up to k tokens that at least AGREE of the followed documents where the text
+        is found, two at least, have next after `tokens`, a model draft in progress: the
+        fixed parts of a reply of one shape, which the draft model then need not draft
+        (`ModelDraft.splice`). Changes no state, so it may run on tokens not committed."""
+        if len(self._following) < 2 or k <= 0:
+            return [], ""
+        pool, where = [], []
+        for (i, _), trail in self._following.items():
+            archive = self.archives[i][0]
+            ahead = _walk(archive, trail, tokens, self._walked)
+            if ahead.run:
+                pool.append(archive.continuation(ahead.pos, k))
+                where.append((i, ahead.pos))
+        if len(pool) < 2:
+            return [], ""
+        chain, probs, first = likeliest_chain(pool, k)
+        n, alive = 0, len(pool)
+        while n < len(chain) and probs[n] >= AGREE and alive * probs[n] >= 2:
+            alive = round(alive * probs[n])
+            n += 1
+        i, pos = where[first]
+        archive, origin = self.archives[i]
+        return chain[:n], (origin or archive.origin_at(pos)) if n else ""
+
+    def _follow_chain(self, followed: list[_Followed], k: int) -> Chain | None:
+        """The likeliest common continuation of the followed documents from where the
+        text stands in each: a reply of one shape drafts its fixed parts from earlier
+        replies, each token with its share of agreeing documents (the values differ)."""
+        pool = [self.archives[f.archive][0].continuation(f.pos, k) for f in followed]
+        tokens, probs, first = likeliest_chain(pool, k)
+        if not tokens:
+            return None
+        archive, origin = self.archives[followed[first].archive]
+        archive.touch(followed[first].pos)
+        return Chain(tokens, probs, origin or archive.origin_at(followed[first].pos))
 
     def propose(
         self,
@@ -365,7 +510,10 @@ class HybridDraft:
     lookup draft now (`choose_k("lookup", match) > 0`), propose the lookup
     continuation; else ask the model strategy (which asks `choose_k("model", 0)`).
     The policy sees the source of every round, so it learns what each source is
-    worth on this machine and this text and can turn either off (k = 0).
+    worth on this machine and this text and can turn either off (k = 0). Where the
+    text follows earlier replies (`LookupDraft.follows`), the model is asked first,
+    with what those replies agree on spliced into its draft (`ModelDraft.splice`): it
+    draws the values, the format comes free.
 
     The draft model's cache: `ModelDraft.propose` syncs it to `committed`
     itself, so rounds without a model draft leave it as it was, a prefix of
@@ -388,6 +536,12 @@ class HybridDraft:
     ) -> Draft:
         self._model_drafted = False
         if self.lookup.has_match(committed):
+            if self.lookup.follows() and self.model is not None:
+                # Following earlier replies: the model drafts, their agreed fixed parts
+                # spliced in free; their chain alone where the model is not worth asking.
+                draft = self._model(committed, choose_k, params, rng, extend, constraint)
+                if draft.tokens or draft.rows:
+                    return draft
             k = choose_k("lookup", self.lookup.match_length())
             if k > 0:
                 draft = _lookup_draft(self.lookup.chain(committed, k), extend, constraint)
@@ -395,8 +549,21 @@ class HybridDraft:
                     return draft
         if self.model is None:
             return Draft()
+        return self._model(committed, choose_k, params, rng, extend, constraint)
+
+    def _model(self, committed: list[int], choose_k: ChooseK, params: SamplingParams,
+               rng: np.random.Generator, extend: Extend, constraint: Constraint | None
+               ) -> Draft:
+        model = self.model
+        assert model is not None
         self._model_drafted = True
-        return self.model.propose(committed, choose_k, params, rng, extend, constraint)
+        if isinstance(model, ModelDraft) and self.lookup.following():
+            model.splice = self.lookup.agreed
+        try:
+            return model.propose(committed, choose_k, params, rng, extend, constraint)
+        finally:
+            if isinstance(model, ModelDraft):
+                model.splice = None
 
     def settle(self, committed: list[int]) -> None:
         self.lookup.settle(committed)

@@ -290,7 +290,8 @@ class Generation:
         self.stats.record_round(k, m, len(done.tokens), seconds=seconds,
                                 own_s=seconds - target_s - draft_s, forced=f,
                                 forced_accepted=min(f, seen.verdict.accepted),
-                                origin=draft.origin)
+                                origin=draft.origin, spliced=draft.spliced,
+                                spliced_origin=draft.spliced_origin)
         self.policy.observe(RoundOutcome(
             k=k,
             accepted=m,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -22,6 +23,9 @@ class Stats:
     # and accepted.
     origin_drafted: dict[str, int] = field(default_factory=dict)
     origin_accepted: dict[str, int] = field(default_factory=dict)
+    # Of those, tokens spliced into model drafts from earlier replies the text follows.
+    spliced: int = 0
+    spliced_accepted: int = 0
     # At draft position i+1: drafts proposed, reached (every earlier draft accepted),
     # and accepted. accepted_at / reached_at is the conditional acceptance rate there.
     drafted_at: list[int] = field(default_factory=list)
@@ -45,11 +49,13 @@ class Stats:
 
     def record_round(self, k: int, m: int, emitted: int, *, seconds: float = 0.0,
                      own_s: float = 0.0, forced: int = 0, forced_accepted: int = 0,
-                     origin: str = "") -> None:
+                     origin: str = "", spliced: Sequence[int] = (),
+                     spliced_origin: str = "") -> None:
         """A round that drafted k tokens after `forced` ones a constraint forced, m and
         `forced_accepted` of them accepted, and put `emitted` into the output; it took
         `seconds`, `own_s` of them outside llama.cpp's decodes; `origin`: where a lookup
-        draft's text was seen."""
+        draft's text was seen; `spliced`: the positions of a model draft's tokens taken
+        from earlier text seen at `spliced_origin` (counted by origin too)."""
         self.target_steps += 1
         self.rounds_s += seconds
         self.forced += forced
@@ -63,6 +69,13 @@ class Stats:
         if origin and k:
             self.origin_drafted[origin] = self.origin_drafted.get(origin, 0) + k
             self.origin_accepted[origin] = self.origin_accepted.get(origin, 0) + m
+        if spliced:
+            took = sum(1 for i in spliced if i < m)
+            self.spliced += len(spliced)
+            self.spliced_accepted += took
+            o = spliced_origin
+            self.origin_drafted[o] = self.origin_drafted.get(o, 0) + len(spliced)
+            self.origin_accepted[o] = self.origin_accepted.get(o, 0) + took
         self.tokens += emitted
         self._grow(k)
         for i in range(k):
@@ -127,7 +140,8 @@ class Stats:
     def merge(self, other: Stats) -> None:
         """Add another generation's counts (session totals in the REPL)."""
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
-                     "accepted", "forced", "forced_accepted", "mask_s", "prompt_s",
+                     "accepted", "forced", "forced_accepted", "spliced", "spliced_accepted",
+                     "mask_s", "prompt_s",
                      "generate_s", "draft_s", "target_s", "rounds_s", "plain_rounds",
                      "plain_own_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

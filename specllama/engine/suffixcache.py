@@ -232,6 +232,19 @@ class SuffixArchive:
                 out.append((p, n))
         return out
 
+    def around(self, pos: int, back: int, ahead: int) -> tuple[list[int], int]:
+        """Up to `back` tokens before `pos` and `ahead` from it, within its document, and
+        where `pos` falls in that list."""
+        lo = max(0, pos - back)
+        out = self._tokens[lo : min(pos + ahead, self.size)].tolist()
+        cut = pos - lo
+        if -1 in out[cut:]:
+            out = out[: out.index(-1, cut)]
+        if -1 in out[:cut]:
+            start = cut - out[:cut][::-1].index(-1)
+            out, cut = out[start:], cut - start
+        return out, cut
+
     def continuation(self, pos: int, k: int) -> list[int]:
         """Up to k tokens from `pos`, to the end of its document."""
         out = self._tokens[pos : min(pos + k, self.size)].tolist()

@@ -61,6 +61,9 @@ def figures(
         # lookup drafts by where they were copied from: context, session, persisted, corpus
         "origin_drafted": dict(s.origin_drafted),
         "origin_accepted": dict(s.origin_accepted),
+        # of those, tokens taken free inside model drafts from earlier replies followed
+        "spliced": s.spliced,
+        "spliced_accepted": s.spliced_accepted,
         "draft_max": draft_max,
         "draft_mode": draft_mode,
         "policy": s.policy_note,
