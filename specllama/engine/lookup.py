@@ -203,8 +203,6 @@ POOL = 16
 #: Earlier documents followed at once: those whose continuation agreed with a chain
 #: drafted from them, the most recent ones.
 FOLLOW = 4
-#: The share of followed documents that must agree on a token a model draft takes free.
-AGREE = 0.75
 #: How far ahead of where the text stands a followed document is searched, and how far
 #: back a match with it is measured.
 WINDOW, MATCH_BACK = 48, 16
@@ -427,8 +425,8 @@ class LookupDraft:
         return out
 
     def agreed(self, tokens: Sequence[int], k: int) -> tuple[list[int], str]:
-        """Up to k tokens that at least AGREE of the followed documents where the text
-        is found, two at least, have next after `tokens`, a model draft in progress: the
+        """Up to k tokens that every followed document in step with `tokens`, two at
+        least, has next, and where they were seen: after a model draft in progress, the
         fixed parts of a reply of one shape, which the draft model then need not draft
         (`ModelDraft.splice`). Changes no state, so it may run on tokens not committed."""
         if len(self._following) < 2 or k <= 0:
@@ -442,14 +440,13 @@ class LookupDraft:
                 where.append((i, ahead.pos))
         if len(pool) < 2:
             return [], ""
-        chain, probs, first = likeliest_chain(pool, k)
-        n, alive = 0, len(pool)
-        while n < len(chain) and probs[n] >= AGREE and alive * probs[n] >= 2:
-            alive = round(alive * probs[n])
+        n = 0
+        while n < min(map(len, pool)) and all(c[n] == pool[0][n] for c in pool):
             n += 1
-        i, pos = where[first]
-        archive, origin = self.archives[i]
-        return chain[:n], (origin or archive.origin_at(pos)) if n else ""
+        if n == 0:
+            return [], ""
+        archive, origin = self.archives[where[0][0]]
+        return pool[0][:n], origin or archive.origin_at(where[0][1])
 
     def _follow_chain(self, followed: list[_Followed], k: int) -> Chain | None:
         """The likeliest common continuation of the followed documents from where the
