@@ -508,9 +508,10 @@ class HybridDraft:
     continuation; else ask the model strategy (which asks `choose_k("model", 0)`).
     The policy sees the source of every round, so it learns what each source is
     worth on this machine and this text and can turn either off (k = 0). Where the
-    text follows earlier replies (`LookupDraft.follows`), the model is asked first,
-    with what those replies agree on spliced into its draft (`ModelDraft.splice`): it
-    draws the values, the format comes free.
+    text follows earlier replies (`LookupDraft.follows`) and the model drafted the last
+    time it was asked, the model is asked first, with what those replies agree on
+    spliced into its draft (`ModelDraft.splice`): it draws the values, the format comes
+    free.
 
     The draft model's cache: `ModelDraft.propose` syncs it to `committed`
     itself, so rounds without a model draft leave it as it was, a prefix of
@@ -521,6 +522,10 @@ class HybridDraft:
         self.lookup = lookup
         self.model = model
         self._model_drafted = False  # did the model draft in the round now settling?
+        # Did the model draft the last time it was asked (the policy had it on; yes
+        # before it is first asked)? Asking it first while it is off would only count
+        # towards its probes.
+        self._model_on = True
 
     def propose(
         self,
@@ -533,7 +538,7 @@ class HybridDraft:
     ) -> Draft:
         self._model_drafted = False
         if self.lookup.has_match(committed):
-            if self.lookup.follows() and self.model is not None:
+            if self.lookup.follows() and self.model is not None and self._model_on:
                 # Following earlier replies: the model drafts, their agreed fixed parts
                 # spliced in free; their chain alone where the model is not worth asking.
                 draft = self._model(committed, choose_k, params, rng, extend, constraint)
@@ -557,10 +562,12 @@ class HybridDraft:
         if isinstance(model, ModelDraft) and self.lookup.following():
             model.splice = self.lookup.agreed
         try:
-            return model.propose(committed, choose_k, params, rng, extend, constraint)
+            draft = model.propose(committed, choose_k, params, rng, extend, constraint)
         finally:
             if isinstance(model, ModelDraft):
                 model.splice = None
+        self._model_on = bool(draft.tokens or draft.rows)
+        return draft
 
     def settle(self, committed: list[int]) -> None:
         self.lookup.settle(committed)
