@@ -645,3 +645,63 @@ def test_greedy_drafts_cut_by_confidence_equal_the_target_alone(chain_setup):
             == alone, text
     assert min(policy.steps.values()) > 10, policy.steps
 
+
+# ------------------------------------------ model drafts that end at an end of generation
+
+
+def test_a_model_draft_ends_with_a_token_that_ends_generation(chain_setup):
+    """After the target's end-of-generation token nothing is ever used: the draft model
+    stops there instead of drafting (and the target verifying) text past the end."""
+    from specllama.engine.decoder import make_strategy
+    from specllama.engine.drafts import ModelDraft
+
+    dec, _, prompt = chain_setup
+    made = make_strategy("model", dec)
+    assert isinstance(made, ModelDraft) and made.ends(dec.target.eos)
+    assert not made.ends(prompt[-1])
+    greedy = SamplingParams(temperature=0.0)
+    rng = np.random.default_rng(0)
+    plain = ModelDraft(dec.drafter)
+    full = plain.propose(prompt, lambda source, match: 3, greedy, rng)
+    plain.settle(prompt)
+    assert len(full.tokens) == 3
+    first = full.tokens[0]
+    ended = ModelDraft(dec.drafter, ends=lambda token: token == first)
+    evaluated = dec.drafter.tokens_evaluated
+    draft = ended.propose(prompt, lambda source, match: 3, greedy, rng)
+    assert draft.tokens == [first]
+    # Only the catch-up (the last committed token) was decoded, not the drawn token.
+    assert dec.drafter.tokens_evaluated - evaluated == 1
+    ended.settle(prompt)
+
+
+def test_drafts_that_end_after_a_drawn_token_follow_the_target_distribution(
+        chain_setup, monkeypatch):
+    """Ending a draft after a token, chosen by that token, is exact: each kept token still
+    came from its q, and after the last one the target draws from its own p. Here the
+    draft ends after the target's likeliest first token (as it would after an end of
+    generation), which ends most rounds early, and the joint law must not move."""
+    import specllama.engine.decoder as decoder
+
+    dec, probe, prompt = chain_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    probe.clear()
+    probe.decode(prompt, "last")
+    stop_at = int(np.argmax(probe.logits_row(-1)))
+    probe.clear()
+    cuts = [0]
+
+    def ends(token: int) -> bool:
+        cuts[0] += token == stop_at
+        return token == stop_at
+
+    real = decoder.ModelDraft
+    monkeypatch.setattr(decoder, "ModelDraft",
+                        lambda model, p_min, shadow, _ends: real(model, p_min, shadow, ends))
+    counts, drafted_at, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS,
+                                            draft_max=3, draft_mode="model")
+    assert cuts[0] > CHAIN_RUNS // 4, cuts
+    assert drafted_at[2] > CHAIN_RUNS // 4  # and other drafts still run to three tokens
+    pvalue = goodness_of_fit(counts, exact)
+    assert pvalue > 1e-3, f"p-value {pvalue:.2e}"

@@ -52,7 +52,7 @@ def make_strategy(
         return LookupDraft(archives=archives) if mode == "lookup" else None
     # A cross-vocabulary draft's rows are not the target's positions: no shadow reading.
     shadow = None if decoder.cross_vocab else target_p
-    model = ModelDraft(decoder.drafter, decoder.p_min, shadow)
+    model = ModelDraft(decoder.drafter, decoder.p_min, shadow, decoder.target.is_eog)
     if mode == "model":
         return model
     lookup = LookupDraft(archives=archives)

@@ -99,6 +99,8 @@ class ModelDraft:
     than that probability. The decision depends on q alone, never on which token
     is then drawn, so the acceptance rule stays exact.
 
+    A draft ends after a token that ends generation (`ends`): nothing after it is used.
+
     `target_p` maps positions of the history the target decoded alone (no draft) to
     p(token) of the token it drew there. When the draft catches up on such positions it
     reads its logits there too and reports, in `Draft.shadow`, whether it would have
@@ -106,10 +108,14 @@ class ModelDraft:
     """
 
     def __init__(self, model: DraftModel, p_min: float = 0.0,
-                 target_p: Mapping[int, float] | None = None) -> None:
+                 target_p: Mapping[int, float] | None = None,
+                 ends: Callable[[int], bool] = lambda token: False) -> None:
         self.model = model
         self.p_min = p_min
         self.target_p: Mapping[int, float] = target_p if target_p is not None else {}
+        # The target's end of generation: nothing after such a token is ever used, so the
+        # draft stops there (a cut after a drawn token leaves each q_i as it was: exact).
+        self.ends = ends
         self._drafted = False  # the model decoded since the last settle()
         # (tokens so far, at most n) -> tokens known to come next and where they were
         # seen, drafted free (q all on each) after a drawn one: a deterministic function
@@ -166,7 +172,7 @@ class ModelDraft:
                 constraint.advance([token])
             if reads:
                 draft.confidences.append(sure)
-            if step == "last" or i + 1 >= k:
+            if step == "last" or i + 1 >= k or self.ends(token):
                 break
             free = self._spliced(committed, draft, k, constraint, reads)
             m.decode([token, *free], "last")
