@@ -6,6 +6,7 @@ none to follow, and are not counted).
 
     python bench/following.py                   # cost per round, smollm2-f32
     python bench/following.py --ablate --reps 5 # the same sequence with parts of it off
+    python bench/following.py --ablate --reps 8 --variants "no splicing"
 
 The cost: the time of the two calls following makes, walking the followed replies along
 the committed tokens each round (`LookupDraft._refollow`) and, inside model drafts,
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--reps", type=int, default=3, help="with --ablate")
+    ap.add_argument("--variants", help="with --ablate: a comma-separated subset, e.g. "
+                                       "'as built,no splicing' (default: all)")
     args = ap.parse_args()
 
     target, draft = resolve_pair(find_and_load_config().pair(args.pair))
@@ -58,7 +61,7 @@ def main() -> None:
         return tokens, seconds, target_s, rounds
 
     if args.ablate:
-        ablate(sequence, lookup, args.reps)
+        ablate(sequence, lookup, args.reps, args.variants)
     else:
         cost(sequence, lookup)
     dec.close()
@@ -88,7 +91,7 @@ def cost(sequence: Callable[[], tuple[int, float, float, int]], lookup: Any) -> 
 
 
 def ablate(sequence: Callable[[], tuple[int, float, float, int]], lookup: Any,
-           reps: int) -> None:
+           reps: int, only: str | None) -> None:
     built = lookup.FOLLOW
     variants: dict[str, Callable[[], None]] = {
         "as built": lambda: None,
@@ -98,6 +101,11 @@ def ablate(sequence: Callable[[], tuple[int, float, float, int]], lookup: Any,
         "FOLLOW 8": lambda: setattr(lookup, "FOLLOW", 8),
         "nothing followed": lambda: setattr(lookup, "FOLLOW", 0),
     }
+    if only:
+        keep = {"as built", *(name.strip() for name in only.split(","))}
+        if unknown := keep - set(variants):
+            raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
+        variants = {name: change for name, change in variants.items() if name in keep}
     agreed = lookup.LookupDraft.agreed
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for rep in range(reps):

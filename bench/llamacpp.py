@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server")
+TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server", "llama-lookup-create")
 SPEC_MODES = "target,1,2,3,auto"
 FIXED_MODES = ("k=1", "k=2", "k=3")
 # Matches `specllama bench` itself; `python -m specllama` has no __main__.
@@ -43,7 +43,7 @@ SPECLLAMA = [sys.executable, "-c", "from specllama.cli import main; main()"]
 
 
 def build_tools(version: str, sdist: Path | None) -> dict[str, Path]:
-    """The two tools, built from `vendor/llama.cpp` of the llama-cpp-python sdist of
+    """The tools, built from `vendor/llama.cpp` of the llama-cpp-python sdist of
     `version` (downloaded unless `sdist` is given); reused when already built."""
     from specllama.paths import cache_dir
 

@@ -4,7 +4,8 @@ Both servers run the same llama.cpp: `llama-server` is built from `vendor/llama.
 the installed llama-cpp-python's sdist (bench/llamacpp.py builds it once into the user
 cache). Every server is up at once (an idle one uses no CPU; never two requests at
 once) and answers one untimed warm-up request; then every prompt at every temperature
-goes to each server in turn as a chat completion with the same seed, max_tokens and
+goes to each server in turn as a chat completion (a plain completion for a prompt
+marked `"chat": false`) with the same seed, max_tokens and
 sampling (top-k, top-p and min-p off on both sides, so T = 0.8 is the same
 distribution), timed at the client from the POST to the last byte. Each prompt carries
 a tag naming its repetition and temperature, so no server has seen it before (see
@@ -158,11 +159,14 @@ def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Cont
         name = spec_type.removeprefix("draft+")
         # ngram-cache keeps what it learns across requests only in a dynamic cache file
         # (-lcd), as our suffix cache keeps earlier outputs: give it one, fresh per run.
+        # With --corpus it also gets a static cache file (-lcs) built from the same text.
         lcd = []
         if name == "ngram-cache":  # llama-server aborts if the file is missing: an empty one
             path = Path(tempfile.mkdtemp(prefix="lcd-")) / "dynamic.bin"
             path.touch()
             lcd = ["-lcd", str(path)]
+            if args.corpus:
+                lcd += ["-lcs", str(static_cache(args, target, path.parent / "static.bin"))]
         out.append(Contender(
             f"llama-server {'-md + ' if with_draft else ''}{name}",
             [str(args.bins["llama-server"]), *common, *(md if with_draft else []),
@@ -175,8 +179,35 @@ def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Cont
         extra = [] if flags in ("", "default") else shlex.split(flags)
         out.append(Contender(
             f"specllama {flags or 'default'}",
-            [*SPECLLAMA, "serve", *pair, "--threads", t, "--n-ctx", str(args.n_ctx), *extra],
+            [*SPECLLAMA, "serve", *pair, "--threads", t, "--n-ctx", str(args.n_ctx),
+             *[f"--corpus={p}" for p in args.corpus], *extra],
             "--port", "specllama"))
+    return out
+
+
+def static_cache(args: argparse.Namespace, target: Path, out: Path) -> Path:
+    """llama.cpp's static n-gram cache of the corpus, as `llama-lookup-create` builds it
+    from one text: the UTF-8 text files under each --corpus path (hidden entries skipped,
+    sorted), joined by blank lines, as `specllama serve --corpus` reads the same files."""
+    texts = []
+    for root in args.corpus:
+        files = [root] if root.is_file() else sorted(
+            f for f in root.rglob("*")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(root).parts))
+        for f in files:
+            try:
+                data = f.read_bytes()
+                if b"\0" not in data[:8192]:
+                    texts.append(data.decode("utf-8"))
+            except (OSError, UnicodeDecodeError):
+                continue
+    text = out.with_suffix(".txt")
+    text.write_text("\n\n".join(texts), encoding="utf-8")
+    subprocess.run([str(args.bins["llama-lookup-create"]), "-m", str(target), "-f", str(text),
+                    "-lcs", str(out), "-t", str(args.threads)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"llama-lookup-create: {len(texts)} files, {text.stat().st_size} bytes -> {out}",
+          file=sys.stderr)
     return out
 
 
@@ -189,12 +220,16 @@ def _floats(s: str) -> list[float]:
 
 
 def body(model: str, prompt: str, temp: float, seed: int, max_tokens: int,
-         stream: bool) -> dict[str, Any]:
+         stream: bool, chat: bool = True) -> dict[str, Any]:
+    """A chat completion's body, or a plain completion's for a prompt without a template."""
     b: dict[str, Any] = {
-        "model": model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens, "temperature": temp, "seed": seed,
+        "model": model, "max_tokens": max_tokens, "temperature": temp, "seed": seed,
         "top_k": 0, "top_p": 1.0, "min_p": 0.0, "stream": stream,
     }
+    if chat:
+        b["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        b["prompt"] = prompt
     if stream:
         b["stream_options"] = {"include_usage": True}
     return b
@@ -234,9 +269,10 @@ def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -
     try:
         for c in cs:
             server = servers[c.name] = Server(c, args.timeout, args.logs)
-            status, answer, _ = request(server.port, "/v1/chat/completions",
-                                        body(server.model, prompts[0].prompt, 0.0, 0, 8, False),
-                                        args.timeout)
+            first = prompts[0]
+            status, answer, _ = request(
+                server.port, "/v1/chat/completions" if first.chat else "/v1/completions",
+                body(server.model, first.prompt, 0.0, 0, 8, False, first.chat), args.timeout)
             if status != 200:
                 sys.exit(f"{c.name}: warm-up answered {status}: {answer}")
         turn = 0
@@ -250,9 +286,10 @@ def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -
                     for c in cs[shift:] + cs[:shift]:
                         server = servers[c.name]
                         status, answer, seconds = request(
-                            server.port, "/v1/chat/completions",
+                            server.port,
+                            "/v1/chat/completions" if p.chat else "/v1/completions",
                             body(server.model, fresh(p.prompt, rep, temp), temp, seed,
-                                 args.max_tokens, args.stream),
+                                 args.max_tokens, args.stream, p.chat),
                             args.timeout, stream=args.stream)
                         if status != 200:
                             sys.exit(f"{c.name}: {p.id} answered {status}: {answer}")
@@ -348,6 +385,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request/start")
     parser.add_argument("--json", type=Path, help="write every raw figure as JSON")
     parser.add_argument("--logs", type=Path, help="keep each server's log in this folder")
+    parser.add_argument("--corpus", type=Path, nargs="+", default=[],
+                        help="files or folders: `--corpus` for our servers, a static cache "
+                             "(-lcs, built by llama-lookup-create) for llama-server's ngram-cache")
     args = parser.parse_args()
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
@@ -365,7 +405,7 @@ def main() -> None:
     run_all(cs, args, prompts)
     print(f"target {target}\ndraft {draft}\nthreads {args.threads}, max tokens "
           f"{args.max_tokens}, {len(prompts)} prompts, reps {args.reps}, "
-          f"{'streamed' if args.stream else 'non-streamed'} chat completions; "
+          f"{'streamed' if args.stream else 'non-streamed'} requests; "
           "tok/s: geometric mean over prompts of each request's tokens / its time at the client")
     summary = {str(t): summarize(cs, t) for t in args.temps}
     for t in args.temps:
