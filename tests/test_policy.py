@@ -396,6 +396,58 @@ def test_auto_defers_the_draft_prompt_only_where_drafting_cannot_pay(dec):
         dec.policy_state["auto"] = saved
 
 
+def test_auto_leaves_a_long_prompt_to_the_draft_model_only_if_catching_up_pays():
+    """The draft model's share of the prompt is decoded up front only where drafting
+    pays for it: 3 ms a token over resume_horizon rounds. 500 tokens (94 ms a round
+    against 40 ms target steps) cannot pay even at an optimistic acceptance, so the
+    prompt is left, the first round drafts nothing (no probe paying it), and the
+    decisions go on pricing it. Ten tokens can, and then the model is in step."""
+    def policy_for(behind: int) -> tuple[AutoDraftLength, bool]:
+        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+        st.loop.catch_up = 0.003
+        fixed_acceptance(st, "model", alpha_for(st, 1.3))
+        policy = AutoDraftLength.for_decoder(type("Dec", (), {"policy_state": {"auto": st}})())
+        return policy, policy.may_draft("model", behind)
+
+    policy, may = policy_for(10)
+    assert may and policy._behind == 0 and policy.choose("model") > 0
+    policy, may = policy_for(500)
+    assert not may and policy._behind == 500
+    assert policy.choose("model") == 0  # the first round's probe would pay the prompt
+    assert "catching up on 500 missed tokens 38x one); even at 90% acceptance it would not" \
+        in policy.explain()
+    assert policy_for(0)[1]
+
+
+def test_a_deferred_draft_prompt_is_caught_up_and_stays_exact(dec):
+    """Where auto leaves the prompt to the draft model (its catch-up priced far beyond
+    any gain), the draft model decodes none of it, the output is the target's own, and
+    the caches end as prefixes of the history."""
+    saved = dec.policy_state.get("auto")
+    greedy = SamplingParams(temperature=0.0)
+    prompt = "the cat sat on the mat and the dog sat on the log " * 4
+    try:
+        for catch_up, evaluated in ((1.0, False), (0.0, True)):
+            st = state_for(FLAT_RATIOS, 0.01, 0.05)
+            st.loop.catch_up = catch_up
+            dec.policy_state["auto"] = st
+            dec.draft.clear()
+            before = dec.draft.tokens_evaluated
+            stream = dec.stream(prompt, max_tokens=3, draft_max="auto", sampling=greedy)
+            next(stream)  # the prompt is in
+            assert (dec.draft.tokens_evaluated - before > 10) == evaluated
+            stream.close()
+            alone = dec.generate(prompt, max_tokens=20, sampling=greedy, draft_max=0)
+            dec.policy_state["auto"] = st
+            out = dec.generate(prompt, max_tokens=20, sampling=greedy, draft_max="auto")
+            assert out.tokens == alone.tokens
+            committed = dec.tokenize(prompt) + out.tokens
+            assert dec.target.cached == committed[:-1]
+            assert dec.draft.cached == committed[: len(dec.draft.cached)]
+    finally:
+        dec.policy_state["auto"] = saved
+
+
 def test_simple_policies_say_whether_they_draft():
     assert not FixedDraftLength(0).may_draft() and FixedDraftLength(3).may_draft()
     assert HeuristicDraftLength().may_draft("model")

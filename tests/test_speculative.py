@@ -330,7 +330,7 @@ class _PauseThenDraft:
     def predicted_speedup(self):
         return None
 
-    def may_draft(self, source="model"):
+    def may_draft(self, source="model", behind=0):
         return True
 
 

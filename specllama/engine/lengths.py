@@ -87,10 +87,11 @@ class DraftLengthPolicy(Protocol):
         rounds (None: the policy has no cost model)."""
         ...
 
-    def may_draft(self, source: str = "model") -> bool:
-        """Whether this call may ask `source` for a draft at all. False lets the round
-        loop leave the draft model's share of the prompt for later: a draft model
-        catches up on its own the first time it drafts."""
+    def may_draft(self, source: str = "model", behind: int = 0) -> bool:
+        """Whether this call may ask `source` for a draft at all, the draft model
+        `behind` tokens short of the prompt. False lets the round loop leave its share of
+        the prompt for later: a draft model catches up on its own the first time it
+        drafts."""
         ...
 
 
@@ -115,7 +116,7 @@ class FixedDraftLength:
     def predicted_speedup(self) -> float | None:
         return None
 
-    def may_draft(self, source: str = "model") -> bool:
+    def may_draft(self, source: str = "model", behind: int = 0) -> bool:
         return self.k > 0
 
 

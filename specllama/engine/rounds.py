@@ -177,9 +177,9 @@ class Generation:
     # ------------------------------------------------------------ the steps
     def _evaluate_prompt(self) -> PromptEvaluated:
         """Everything but the last token goes into the target's cache, and into the draft
-        model's only if it may draft in this call: where it cannot pay (or in lookup
-        mode) it is never read, and should the policy change its mind, ModelDraft.propose
-        catches the cache up first."""
+        model's only if it may draft in this call, paying for that prompt too: where it
+        cannot (or in lookup mode) it is never read, and should the policy change its
+        mind, ModelDraft.propose catches the cache up first."""
         if not self.keep_cache:
             for model in self._models():
                 model.clear()
@@ -189,7 +189,7 @@ class Generation:
         self.target.decode(prefix[reused:], "none")
         if self.draft is not None:
             kept = self.draft.sync_to(prefix)  # every cache stays a prefix of the history
-            if self.mode != "lookup" and self.policy.may_draft("model"):
+            if self.mode != "lookup" and self.policy.may_draft("model", len(prefix) - kept):
                 self.draft.decode(prefix[kept:], "none")
         self.stats.prompt_reused = reused
         self.stats.prompt_s = time.perf_counter() - t0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.lengths import DraftStep, RoundOutcome
 from .acceptance import AcceptanceEstimate, ConfidenceAcceptance
-from .costs import Decision, decide, expected_tokens
+from .costs import Decision, RoundCosts, decide, expected_tokens
 from .loopcosts import LoopCosts
 from .state import AutoState, SourceState
 from .tuning import AutoTuning
@@ -65,6 +65,7 @@ class AutoDraftLength:
     _expected_s: float = 0.0
     _alone_s: float = 0.0  # the target alone, for the same expected tokens
     _behind: int = 0  # committed tokens the draft model lacks (RoundOutcome.draft_behind)
+    _deferred: int = 0  # prompt tokens left to the draft model (may_draft) until it drafts
     _model_asked: bool = False  # the draft model is in play in this call (hybrid drafting)
     # The model draft of this round (see extend): the tokens per second its tokens must
     # beat, and the chance that every token drafted so far is accepted.
@@ -101,24 +102,33 @@ class AutoDraftLength:
 
     def _decision(self, src: SourceState) -> Decision:
         if src.decision is None:
-            costs, margin = src.costs, self._margin()
-            if src is self.state.sources["model"]:
-                if src.drafting:
-                    margin = self.tuning.keep_margin
-                else:  # resuming: the catch-up too, spread over the rounds it enables
-                    catch_up = self.state.loop.catch_up_s(self._behind)
-                    costs = replace(costs, draft_wake=costs.draft_wake
-                                    + catch_up / self.tuning.resume_horizon)
-            src.decision = decide(src.acceptance.rates(), costs, self.state.k_max, margin)
+            margin = self._margin()
+            if src is self.state.sources["model"] and src.drafting:
+                margin = self.tuning.keep_margin
+            src.decision = decide(src.acceptance.rates(), self._costs(src, self._behind),
+                                  self.state.k_max, margin)
         return src.decision
+
+    def _costs(self, src: SourceState, behind: int) -> RoundCosts:
+        """A source's round costs; a paused draft model's with its catch-up on the
+        `behind` tokens it missed, spread over the rounds resuming enables."""
+        costs = src.costs
+        if src is self.state.sources["model"] and not src.drafting and behind:
+            catch_up = self.state.loop.catch_up_s(behind)
+            costs = replace(costs, draft_wake=costs.draft_wake
+                            + catch_up / self.tuning.resume_horizon)
+        return costs
 
     def _optimistic(self, src: SourceState) -> float:
         estimate, t = src.acceptance, self.tuning
         return min(max(t.optimistic_alpha, estimate.overall), estimate.upper())
 
     def _hopeful(self, src: SourceState) -> Decision:
-        """The decision at an optimistic acceptance: could drafting pay at all?"""
-        return decide(self._optimistic(src), src.costs, self.state.k_max, self._margin())
+        """The decision at an optimistic acceptance: could drafting pay at all? (A
+        probe's catch-up is not priced, what it teaches is worth more than a round;
+        but while the prompt is left to the draft model it would pay for all of it.)"""
+        costs = self._costs(src, self._behind if self._deferred else 0)
+        return decide(self._optimistic(src), costs, self.state.k_max, self._margin())
 
     def choose(self, source: str = "model", match: int = 0) -> int:
         t = self.tuning
@@ -248,11 +258,22 @@ class AutoDraftLength:
         self._reach, self._gain, self._cost = add, self._gain + add, self._cost + more
         return "more"
 
-    def may_draft(self, source: str = "model") -> bool:
+    def may_draft(self, source: str = "model", behind: int = 0) -> bool:
         """False only where drafting from `source` could not pay even at the
-        optimistic acceptance that gates probes."""
+        optimistic acceptance that gates probes, nor (the draft model) for its
+        catch-up on the `behind` tokens of the prompt it lacks. The round loop decodes
+        them where this says yes; where it says no they stay missing, and this call's
+        decisions price catching up on them."""
         src = self.state.source(source)
-        return self._decision(src).speculate or self._hopeful(src).speculate
+        if source != "model":
+            return self._decision(src).speculate or self._hopeful(src).speculate
+        self._behind = self._deferred = behind
+        src.decision = None
+        may = self._decision(src).speculate or self._hopeful(src).speculate
+        if may:
+            self._behind = self._deferred = 0
+            src.decision = None
+        return may
 
     def predicted_speedup(self) -> float | None:
         """The speedup over the target alone that the cost model expected for the
@@ -267,6 +288,8 @@ class AutoDraftLength:
         self._rounds += 1
         self._expect(outcome, source)
         self._behind = outcome.draft_behind
+        if self._behind < self._deferred:  # caught up on the prompt
+            self._deferred = 0
         self.state.learn_costs(outcome)
         if outcome.shadow and self.tuning.shadow:
             model = self.state.source("model")
@@ -354,7 +377,12 @@ class AutoDraftLength:
         verify = f"verifying {k + 1} tokens costs {costs.target[k] / t1:.1f}x one"
         if source != "model":
             return verify
-        return f"a draft step costs {costs.draft / t1:.2f}x a target step, {verify}"
+        said = f"a draft step costs {costs.draft / t1:.2f}x a target step, {verify}"
+        model = self.state.sources["model"]
+        if (catch_up := self._costs(model, self._behind).draft_wake - costs.draft_wake):
+            said += (f", catching up on {self._behind} missed tokens "
+                     f"{catch_up * self.tuning.resume_horizon / t1:.0f}x one")
+        return said
 
     def explain(self) -> str:
         """The reasoning per source: the decision last made, at what acceptance and

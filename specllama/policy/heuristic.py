@@ -31,5 +31,5 @@ class HeuristicDraftLength:
     def predicted_speedup(self) -> float | None:
         return None
 
-    def may_draft(self, source: str = "model") -> bool:
+    def may_draft(self, source: str = "model", behind: int = 0) -> bool:
         return True
