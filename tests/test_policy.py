@@ -448,6 +448,19 @@ def test_a_deferred_draft_prompt_is_caught_up_and_stays_exact(dec):
         dec.policy_state["auto"] = saved
 
 
+def test_rounds_that_drafted_nothing_are_not_called_drafting():
+    """A lookup draft chosen but cut before its first token (the target alone does
+    better) drafts nothing: the line says why auto did not draft, not "drafted in 50% of
+    rounds, 0.0 tokens"."""
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
+    fixed_acceptance(st, "lookup", 0.9)
+    policy = AutoDraftLength(st)
+    for _ in range(4):
+        assert policy.choose("lookup", 3) > 0
+        policy.observe(round_of(st, 0, 0, source="lookup"))
+    assert policy.describe().startswith("auto: drafting would not pay"), policy.describe()
+
+
 def test_simple_policies_say_whether_they_draft():
     assert not FixedDraftLength(0).may_draft() and FixedDraftLength(3).may_draft()
     assert HeuristicDraftLength().may_draft("model")

@@ -123,11 +123,13 @@ class AutoDraftLength:
         estimate, t = src.acceptance, self.tuning
         return min(max(t.optimistic_alpha, estimate.overall), estimate.upper())
 
-    def _hopeful(self, src: SourceState) -> Decision:
+    def _hopeful(self, src: SourceState, behind: int | None = None) -> Decision:
         """The decision at an optimistic acceptance: could drafting pay at all? (A
         probe's catch-up is not priced, what it teaches is worth more than a round;
         but while the prompt is left to the draft model it would pay for all of it.)"""
-        costs = self._costs(src, self._behind if self._deferred else 0)
+        if behind is None:
+            behind = self._behind if self._deferred else 0
+        costs = self._costs(src, behind)
         return decide(self._optimistic(src), costs, self.state.k_max, self._margin())
 
     def choose(self, source: str = "model", match: int = 0) -> int:
@@ -351,9 +353,10 @@ class AutoDraftLength:
         tallies = self._tally.values()
         main = "model" if "model" in self._tally else next(iter(self._tally))
         last = self._tally[main].last
-        if sum(t.drafted - t.probes for t in tallies) == 0:
-            return "auto: " + self._why_not(main)
         tokens = sum(t.k_sum for t in tallies)
+        # (a lookup chosen but cut before its first token drafted nothing either)
+        if sum(t.drafted - t.probes for t in tallies) == 0 or tokens == 0:
+            return "auto: " + self._why_not(main)
         drafting = sum(t.drafted for t in tallies)
         share = drafting / max(1, self._rounds)
         when = "" if share >= 0.95 else f" in {share:.0%} of rounds"
@@ -366,12 +369,16 @@ class AutoDraftLength:
     def _why_not(self, source: str) -> str:
         src, tally = self.state.source(source), self._tally[source]
         if not self._hopeful(src).speculate:
-            return f"drafting would not pay on this machine ({self._costs_said(source)})"
+            # the catch-up only where it is why
+            behind = self._behind if self._hopeful(src, 0).speculate else 0
+            said = self._costs_said(source, behind=behind)
+            return f"drafting would not pay on this machine ({said})"
         probed = f" (probed {tally.probes}x)" if tally.probes else ""
         return (f"drafting would not pay at the {src.acceptance.overall:.0%} acceptance "
                 f"seen{probed}")
 
-    def _costs_said(self, source: str, k: int = 1) -> str:
+    def _costs_said(self, source: str, k: int = 1, behind: int = 0) -> str:
+        """The costs a decision weighed; `behind`: the catch-up it priced."""
         costs = self.state.source(source).costs
         t1 = costs.target[0]
         verify = f"verifying {k + 1} tokens costs {costs.target[k] / t1:.1f}x one"
@@ -379,8 +386,8 @@ class AutoDraftLength:
             return verify
         said = f"a draft step costs {costs.draft / t1:.2f}x a target step, {verify}"
         model = self.state.sources["model"]
-        if (catch_up := self._costs(model, self._behind).draft_wake - costs.draft_wake):
-            said += (f", catching up on {self._behind} missed tokens "
+        if (catch_up := self._costs(model, behind).draft_wake - costs.draft_wake):
+            said += (f", catching up on {behind} missed tokens "
                      f"{catch_up * self.tuning.resume_horizon / t1:.0f}x one")
         return said
 
@@ -398,7 +405,7 @@ class AutoDraftLength:
         k, alpha = d.best_k or 1, src.acceptance.overall
         label = {"model": "model draft", "lookup-long": "lookup after long matches"}.get(
             source, source)
-        costs = self._costs_said(source, k)
+        costs = self._costs_said(source, k, self._behind)
         if not d.speculate:
             msg = (f"{label}: {k} draft{'s' if k > 1 else ''} a round would run at "
                    f"{d.speedup:.2f}x the target alone at {alpha:.0%} acceptance ({costs})")
