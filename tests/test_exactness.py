@@ -705,3 +705,43 @@ def test_drafts_that_end_after_a_drawn_token_follow_the_target_distribution(
     assert drafted_at[2] > CHAIN_RUNS // 4  # and other drafts still run to three tokens
     pvalue = goodness_of_fit(counts, exact)
     assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
+
+
+# ------------------------------------------ a prompt left to the draft model
+
+
+def test_a_prompt_left_to_the_draft_model_keeps_the_target_distribution(chain_setup):
+    """Where the policy leaves the prompt to the draft model (auto, when catching up on
+    it would not pay), its first draft decodes the whole prompt before drafting: the
+    caches must stay right and the joint law of 4 tokens must not move."""
+    from specllama.engine.lengths import FixedDraftLength
+
+    class LeavesThePrompt(FixedDraftLength):
+        def may_draft(self, source="model", behind=0):
+            return False
+
+    dec, probe, prompt = chain_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    dec.drafter.clear()
+    stream = dec.stream(prompt, max_tokens=CHAIN_TOKENS, sampling=params,
+                        draft_max=LeavesThePrompt(3), draft_mode="model")
+    next(stream)  # the prompt is in the target's cache, none of it in the draft model's
+    assert dec.drafter.cached == []
+    stream.close()
+    counts: dict = {}
+    drafted_at = [0] * 8
+    for seed in range(CHAIN_RUNS):
+        dec.drafter.clear()  # each run's prompt is new to the draft model
+        s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+        res = dec.generate(prompt, max_tokens=CHAIN_TOKENS, sampling=s, keep_cache=True,
+                           draft_max=LeavesThePrompt(3), draft_mode="model")
+        history = prompt + res.tokens
+        assert dec.target.cached == history[:-1]
+        assert dec.drafter.cached == history[: len(dec.drafter.cached)]
+        key = tuple(res.tokens[:CHAIN_TOKENS])
+        counts[key] = counts.get(key, 0) + 1
+        drafted_at = [a + b for a, b in zip(drafted_at, res.stats.drafted_at)]
+    assert drafted_at[2] > CHAIN_RUNS // 4, drafted_at
+    pvalue = goodness_of_fit(counts, exact)
+    assert pvalue > 1e-3, f"p-value {pvalue:.2e}"

@@ -267,12 +267,11 @@ class AutoDraftLength:
         them where this says yes; where it says no they stay missing, and this call's
         decisions price catching up on them."""
         src = self.state.source(source)
-        if source != "model":
-            return self._decision(src).speculate or self._hopeful(src).speculate
-        self._behind = self._deferred = behind
-        src.decision = None
+        if source == "model":
+            self._behind = self._deferred = behind
+            src.decision = None
         may = self._decision(src).speculate or self._hopeful(src).speculate
-        if may:
+        if may and source == "model" and behind:  # the round loop decodes them now
             self._behind = self._deferred = 0
             src.decision = None
         return may
@@ -385,10 +384,9 @@ class AutoDraftLength:
         if source != "model":
             return verify
         said = f"a draft step costs {costs.draft / t1:.2f}x a target step, {verify}"
-        model = self.state.sources["model"]
-        if (catch_up := self._costs(model, behind).draft_wake - costs.draft_wake):
-            said += (f", catching up on {behind} missed tokens "
-                     f"{catch_up * self.tuning.resume_horizon / t1:.0f}x one")
+        if (catch_up := self.state.loop.catch_up_s(behind)) and not self.state.source(
+                source).drafting:
+            said += f", catching up on {behind} missed tokens {catch_up / t1:.0f}x one"
         return said
 
     def explain(self) -> str:
