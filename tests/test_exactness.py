@@ -343,8 +343,10 @@ def test_suffix_cache_chains_follow_the_target_distribution(cache_setup, name):
     dec, probe, prompt = cache_setup
     mode, params = CACHE_CASES[name]
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    # The first round drafts 3 tokens from the corpus (after a rejection a second round
+    # drafts again: how many in all depends on the unseeded draws).
     first = dec.generate(prompt, max_tokens=4, draft_max=3, draft_mode=mode, sampling=params)
-    assert first.stats.origin_drafted["corpus"] == 3
+    assert first.stats.origin_drafted["corpus"] >= 3 and first.stats.drafted_at[2] >= 1
     counts, drafted_at, accepted_at = empirical_joint(
         dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
     )
