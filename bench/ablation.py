@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from simulated import (  # noqa: E402
     F32_CALIBRATED_MS,
-    F32_CALIBRATED_STEP_MS,
+    F32_DRAFT_CURVE,
     Text,
     fixed_speedups,
     simulate,
@@ -68,7 +68,7 @@ def calls(texts: list[Text], tuning: AutoTuning, spikes: float = 0.0,
 
     class Decoder:  # what AutoDraftLength.for_decoder reads
         policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in calibrated)),
-                                          F32_CALIBRATED_STEP_MS * 1e-3, tuning=tuning)}
+                                          F32_DRAFT_CURVE, tuning=tuning)}
 
     return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, seed=s,
                                     spikes=spikes) for s, t in enumerate(texts))

@@ -17,6 +17,9 @@ F32_LOOP_MS = [37, 48, 51, 56, 63, 66, 70, 73] + [73 + 5 * i for i in range(1, 9
 F32_CALIBRATED_MS = [32.9, 41.9, 45.1, 48.6, 48.6, 56.2, 60.4, 64.6, 69, 73, 77, 81, 86, 91,
                      96, 101]
 F32_STEP_MS, F32_WAKE_MS, F32_CATCH_UP_MS, F32_CALIBRATED_STEP_MS = 12.5, 2.5, 2.6, 10.2
+#: The draft model's calibrated decodes: a step, and a catch-up priced like the loop's.
+F32_DRAFT_CURVE = CostCurve((F32_CALIBRATED_STEP_MS * 1e-3,
+                             (F32_CALIBRATED_STEP_MS + F32_CATCH_UP_MS) * 1e-3))
 
 Text = list[tuple[bool, float]]
 
@@ -89,7 +92,7 @@ def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256) -> 
 
 def f32_auto(tuning: AutoTuning | None = None) -> AutoDraftLength:
     ms = tuple(x * 1e-3 for x in F32_CALIBRATED_MS)
-    return AutoDraftLength(AutoState(CostCurve(ms), F32_CALIBRATED_STEP_MS * 1e-3,
+    return AutoDraftLength(AutoState(CostCurve(ms), F32_DRAFT_CURVE,
                                      tuning=tuning))
 
 

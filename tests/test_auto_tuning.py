@@ -18,7 +18,9 @@ DEFAULT = AutoTuning()
 
 
 def state_for(tuning=None, t1=0.04, draft_ratio=0.3, ratios=FLAT_RATIOS) -> AutoState:
-    return AutoState(CostCurve(tuple(t1 * r for r in ratios)), t1 * draft_ratio, tuning=tuning)
+    step = t1 * draft_ratio  # a catch-up is priced at nothing until measured
+    return AutoState(CostCurve(tuple(t1 * r for r in ratios)), CostCurve((step, step)),
+                     tuning=tuning)
 
 
 def break_even(st: AutoState) -> float:
@@ -140,11 +142,14 @@ def test_the_prediction_trusts_the_draft_models_confidence_after_enough_evidence
 # ------------------------------------------------------------ an unmeasured catch-up
 
 
-def resumes_after(behind: int, tuning: AutoTuning = DEFAULT, catch_up_s: float = 0.003) -> bool:
+LINEAR_3MS = CostCurve((0.012, 0.015))  # a draft step of 12 ms, each missed token 3 ms
+
+
+def resumes_after(behind: int, tuning: AutoTuning = DEFAULT,
+                  draft: CostCurve = LINEAR_3MS) -> bool:
     """Paused while the target decoded `behind` tokens alone, does auto resume at a
     gain of 6%, with no catch-up measured yet?"""
-    st = AutoState(CostCurve(tuple(0.04 * r for r in FLAT_RATIOS)), 0.012, tuning=tuning,
-                   catch_up_s=catch_up_s)
+    st = AutoState(CostCurve(tuple(0.04 * r for r in FLAT_RATIOS)), draft, tuning=tuning)
     seen_at(st, 0.0)
     policy = AutoDraftLength(st)
     assert policy.choose("model") == 0
@@ -159,16 +164,19 @@ def resumes_after(behind: int, tuning: AutoTuning = DEFAULT, catch_up_s: float =
 
 
 def test_an_unmeasured_catch_up_is_priced_at_the_draft_models_calibration():
-    """Until the loop has measured a catch-up, each missed token costs what the draft
-    model's calibration says one more token in a batch costs (T(2) - T(1)): 40 of them
+    """Until the loop has measured a catch-up, one on n missed tokens costs what the
+    draft model's calibration says a batch of n + 1 costs beyond one token: 40 of them
     (3 ms each here, 120 ms over 16 rounds) outweigh a 6% gain; priced at nothing, or
-    not priced, auto would resume."""
-    draft = CostCurve((0.010, 0.013))
-    assert draft.per_extra_token() == pytest.approx(0.003)
+    not priced, auto would resume. Where a batch's tokens cost less each the more there
+    are (here 0.5 ms from the 2nd to the 8th, 0.25 ms after), 40 of them (14 ms) no
+    longer outweigh it."""
     assert resumes_after(1)
     assert not resumes_after(40)
-    assert resumes_after(40, catch_up_s=0.0)
+    assert resumes_after(40, draft=CostCurve((0.012, 0.012)))
     assert resumes_after(40, AutoTuning(resume_horizon=float("inf")))  # not priced at all
+    cheaper = CostCurve.from_points({1: 0.012, 2: 0.015, 8: 0.018, 64: 0.032}, 64)
+    assert cheaper.t(41) - cheaper.t(1) == pytest.approx(0.01425)
+    assert resumes_after(40, draft=cheaper)
 
 
 # ----------------------------------------------------------------------------- switches

@@ -11,6 +11,7 @@ import pytest
 from specllama.engine.llama import Model
 from specllama.policy import calibration as cal
 from specllama.policy.calibration import (
+    DRAFT_MAX_N,
     CostCurve,
     cache_path,
     calibrate,
@@ -80,6 +81,16 @@ def test_measure_leaves_the_model_as_it_was(model):
     assert model.pos_max() == len(model.cached) - 1
     assert model.cached[: len(tokens)] == tokens
     model.clear()
+
+
+def test_a_draft_models_curve_times_batches_that_keep_the_last_row(model):
+    """The draft model's curve reaches a catch-up's batch of 64 (last row only: what a
+    catch-up computes); its tokens cost less each than the second of a batch."""
+    model.clear()
+    curve = measure_curve(model, DRAFT_MAX_N, rows="last", budget_s=0.05)
+    assert curve.max_n == 64 and {1, 2, 16, 64} <= set(curve.measured)
+    assert (curve.t(64) - curve.t(1)) / 63 < curve.t(2) - curve.t(1)
+    assert model.cached == []
 
 
 def test_measure_on_an_empty_cache_leaves_it_empty(model):
@@ -154,6 +165,17 @@ def test_cache_invalidated_by_thread_count(gguf, measured):
     assert calibrate(FakeModel(gguf, 2), 16).from_cache
     assert calibrate(FakeModel(gguf, 1), 16).from_cache
     assert cache_path(gguf, 1) != cache_path(gguf, 2)
+    assert len(measured) == 2
+
+
+def test_a_draft_models_curve_is_kept_apart_from_a_targets(gguf, measured):
+    """One file as target and draft (self-speculation): its two curves time different
+    rows and lengths, so neither overwrites the other."""
+    target = calibrate(FakeModel(gguf), 16)
+    draft = calibrate(FakeModel(gguf), DRAFT_MAX_N, rows="last")
+    assert not draft.from_cache and draft.path != target.path
+    assert calibrate(FakeModel(gguf), 16).from_cache
+    assert calibrate(FakeModel(gguf), DRAFT_MAX_N, rows="last").from_cache
     assert len(measured) == 2
 
 

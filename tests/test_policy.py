@@ -195,8 +195,12 @@ def test_acceptance_estimate_decays():
 # ----------------------------------------------------------------------------- auto policy
 
 
-def state_for(ratios, t1=0.01, draft_ratio=0.1, **kw) -> AutoState:
-    return AutoState(CostCurve(tuple(t1 * r for r in ratios)), t1 * draft_ratio, **kw)
+def state_for(ratios, t1=0.01, draft_ratio=0.1, catch_up=0.0, **kw) -> AutoState:
+    """The draft model's step costs t1 * draft_ratio, and each token of a catch-up
+    `catch_up` (its calibrated T(n + 1) - T(1): linear here)."""
+    step = t1 * draft_ratio
+    return AutoState(CostCurve(tuple(t1 * r for r in ratios)), CostCurve((step, step + catch_up)),
+                     **kw)
 
 
 def run_rounds(policy, n, accept_all, source="model"):
@@ -398,13 +402,12 @@ def test_auto_defers_the_draft_prompt_only_where_drafting_cannot_pay(dec):
 
 def test_auto_leaves_a_long_prompt_to_the_draft_model_only_if_catching_up_pays():
     """The draft model's share of the prompt is decoded up front only where drafting
-    pays for it: 3 ms a token over resume_horizon rounds. 500 tokens (94 ms a round
+    pays for it: 3.2 ms a token over resume_horizon rounds. 500 tokens (100 ms a round
     against 40 ms target steps) cannot pay even at an optimistic acceptance, so the
     prompt is left, the first round drafts nothing (no probe paying it), and the
     decisions go on pricing it. Ten tokens can, and then the model is in step."""
     def policy_for(behind: int) -> tuple[AutoDraftLength, bool]:
-        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
-        st.loop.catch_up = 0.003
+        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3, catch_up=0.0032)
         fixed_acceptance(st, "model", alpha_for(st, 1.3))
         policy = AutoDraftLength.for_decoder(type("Dec", (), {"policy_state": {"auto": st}})())
         return policy, policy.may_draft("model", behind)
@@ -414,7 +417,7 @@ def test_auto_leaves_a_long_prompt_to_the_draft_model_only_if_catching_up_pays()
     policy, may = policy_for(500)
     assert not may and policy._behind == 500
     assert policy.choose("model") == 0  # the first round's probe would pay the prompt
-    assert "catching up on 500 missed tokens 38x one); even at 90% acceptance it would not" \
+    assert "catching up on 500 missed tokens 40x one); even at 90% acceptance it would not" \
         in policy.explain()
     assert policy_for(0)[1]
 
@@ -428,8 +431,7 @@ def test_a_deferred_draft_prompt_is_caught_up_and_stays_exact(dec):
     prompt = "the cat sat on the mat and the dog sat on the log " * 4
     try:
         for catch_up, evaluated in ((1.0, False), (0.0, True)):
-            st = state_for(FLAT_RATIOS, 0.01, 0.05)
-            st.loop.catch_up = catch_up
+            st = state_for(FLAT_RATIOS, 0.01, 0.05, catch_up)
             dec.policy_state["auto"] = st
             dec.draft.clear()
             before = dec.draft.tokens_evaluated
@@ -486,11 +488,12 @@ def test_the_first_rounds_find_the_cost_level_and_spikes_barely_move_it():
 
 
 def test_the_first_draft_step_of_a_round_is_learnt_apart_from_catch_ups():
-    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.4)  # draft step 16 ms
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.4, catch_up=0.003)  # step 16 ms
     loop = st.loop
     t = st.target.t
     # The draft model catches up on 30 tokens after paused rounds: not a draft step's
-    # cost, nor its wake-up, but a catch-up, learnt per token (here 9.5 ms).
+    # cost, nor its wake-up, but a catch-up, learnt as a ratio to the calibrated one
+    # (here 9.5 ms a token against 3).
     st.learn_costs(RoundOutcome(1, 1, "model", t(2), 0.3, t(2) + 0.3, draft_caught_up=30))
     assert loop.draft_wake == 0.0
     assert loop.catch_up_s(30) == pytest.approx(0.3 - 0.016, rel=0.01)
@@ -650,8 +653,7 @@ def test_auto_resumes_only_if_the_gain_pays_for_the_catch_up_too():
     """After paused rounds the draft model first decodes every token it missed: resuming
     must pay for that too, spread over resume_horizon rounds."""
     def resumes(behind: int) -> bool:
-        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
-        st.loop.catch_up = 0.003  # 3 ms a missed token
+        st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3, catch_up=0.003)  # 3 ms a token
         policy = AutoDraftLength(st)
         fixed_acceptance(st, "model", 0.0)
         assert policy.choose("model") == 0
@@ -665,8 +667,7 @@ def test_auto_resumes_only_if_the_gain_pays_for_the_catch_up_too():
 
 
 def test_the_prediction_counts_the_catch_up():
-    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
-    st.loop.catch_up = 0.003
+    st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3, catch_up=0.003)
     fixed_acceptance(st, "model", 0.9)
     policy = AutoDraftLength(st)
     k = policy.choose("model")

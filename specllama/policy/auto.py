@@ -200,8 +200,10 @@ class AutoDraftLength:
         model = self._decision(self.state.sources["model"])
         if not model.speculate:
             return False
-        # decision.speedup is E/C against 1/T(1); the catch-up adds a share of a step a token
-        catch_up = self.state.loop.catch_up_per_token / lookup.costs.round_s(0)
+        # decision.speedup is E/C against 1/T(1); the catch-up on a round's tokens (all
+        # accepted) adds a share of a step a token
+        n = decision.best_k + 1
+        catch_up = self.state.loop.catch_up_s(n) / n / lookup.costs.round_s(0)
         return model.speedup > (1 + self.tuning.decline_margin) / (1 / decision.speedup
                                                                    + catch_up)
 

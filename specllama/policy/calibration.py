@@ -1,11 +1,12 @@
 """What a decode costs on this machine: measured once, cached.
 
 The cost-aware draft-length policy (`auto`, docs/architecture.md) needs T(n),
-the wall time of ONE llama_decode of n tokens with the logits of every row, for
-the target (n = 1..16: verifying k drafts is a decode of k+1 tokens) and T(1)
-for the draft model (one draft step). `calibrate(model)` measures that in well
-under a second for a small model and caches it on disk, keyed by the model
-file (path, size, mtime), the thread count, the machine and the llama.cpp
+the wall time of ONE llama_decode of n tokens, for the target with the logits of
+every row (n = 1..16: verifying k drafts is a decode of k+1 tokens), and for the
+draft model with the last row's alone (T(1): one draft step; T(n+1) - T(1): its
+catch-up on n tokens it missed, up to a whole prompt). `calibrate(model)` measures
+that in about a second for a small model and caches it on disk, keyed by the model
+file (path, size, mtime), the thread count, the rows, the machine and the llama.cpp
 version, so a changed file, another `--threads` or another machine measures
 anew; `--recalibrate` measures again on request. A measurement taken while other
 processes loaded the CPU is cached marked as disturbed: the next run measures again
@@ -29,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..engine.llama import LLAMA_CPP_VERSION, Model
 from ..paths import cache_dir
@@ -37,10 +38,14 @@ from .cpumeter import CpuMeter
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
 CALIBRATION_VERSION = 3
+Rows = Literal["all", "last"]  # the rows whose logits a timed decode computes
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
-DRAFT_MAX_N = 2  # a draft step is 1 token; 2 after a fully accepted round
+#: A draft step is 1 token (2 after a fully accepted round), a catch-up one batch of
+#: all the tokens missed: per token a batch of 64 costs a third of the second token
+#: of a batch on the F32 pair's draft (docs/performance.md); beyond, extrapolated.
+DRAFT_MAX_N = 64
 #: Batch sizes timed; the others are interpolated.
-MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 64)
 DEFAULT_BUDGET_S = 0.8  # stop repeating passes after this much measuring (>= 1 pass)
 #: Hard limit of one model's measurement, warm-up included: on a busy machine a batch
 #: of 16 can take a second, and the user is waiting for the first token.
@@ -81,12 +86,6 @@ class CostCurve:
             return s[n - 1]
         slope = max(0.0, s[-1] - s[-2]) if len(s) >= 2 else s[-1]
         return s[-1] + slope * (n - len(s))
-
-    def per_extra_token(self) -> float:
-        """What each token past the first adds to a batch, over the measured range:
-        (T(N) - T(1)) / (N - 1)."""
-        n = self.max_n
-        return (self.t(n) - self.t(1)) / (n - 1) if n > 1 else self.t(1)
 
     def ratio(self, n: int) -> float:
         """T(n) / T(1): how much more a batch of n costs than one token."""
@@ -151,13 +150,14 @@ def measure_curve(
     model: Model,
     max_n: int = TARGET_MAX_N,
     *,
+    rows: Rows = "all",
     budget_s: float = DEFAULT_BUDGET_S,
     min_passes: int = MIN_PASSES,
     max_passes: int = MAX_PASSES,
     limit_s: float = LIMIT_S,
 ) -> CostCurve:
-    """Time one decode of n tokens (logits of every row) for the points in
-    MEASURE_POINTS up to max_n, in interleaved passes; medians per point.
+    """Time one decode of n tokens (logits of every row, or of the last: `rows`) for
+    the points in MEASURE_POINTS up to max_n, in interleaved passes; medians per point.
 
     Passes repeat up to `min_passes` and then while the next one fits in `budget_s`
     (a slow model gets fewer passes); after `limit_s` (warm-up included) it stops
@@ -179,7 +179,7 @@ def measure_curve(
 
         def timed(n: int) -> float:
             t0 = time.perf_counter()
-            model.decode(probe[:n], "all" if n > 1 else "last")
+            model.decode(probe[:n], rows if n > 1 else "last")
             dt = time.perf_counter() - t0
             model.truncate(start)
             return dt
@@ -258,9 +258,11 @@ def machine_id() -> str:
 
 
 def cache_key(
-    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU"
+    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU",
+    rows: Rows = "all",
 ) -> dict[str, Any]:
-    """What a cached calibration is valid for (a remote target: on those servers)."""
+    """What a cached calibration is valid for (a remote target: on those servers; a
+    draft model's: decodes that keep the last row)."""
     path = Path(model_path).resolve()
     st = path.stat()
     return {
@@ -272,17 +274,20 @@ def cache_key(
         "machine": machine_id(),
         "llama_cpp": LLAMA_CPP_VERSION,
         **({"placement": placement} if placement != "local CPU" else {}),
+        **({"rows": rows} if rows != "all" else {}),
     }
 
 
 def cache_path(
-    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU"
+    model_path: str | os.PathLike[str], n_threads: int, placement: str = "local CPU",
+    rows: Rows = "all",
 ) -> Path:
-    """One file per (model path, threads, machine); its content says for which
+    """One file per (model path, threads, machine, rows); its content says for which
     size/mtime it holds, so a changed model file overwrites it."""
     path = Path(model_path).resolve()
     ident = json.dumps([str(path), int(n_threads), machine_id()]
-                       + ([placement] if placement != "local CPU" else []))
+                       + ([placement] if placement != "local CPU" else [])
+                       + ([rows] if rows != "all" else []))
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return cache_root() / f"{path.stem}.t{int(n_threads)}.{digest}.json"
 
@@ -338,11 +343,11 @@ def _write(path: Path, key: dict[str, Any], calibration: Calibration) -> bool:
         return False
 
 
-def cached(model: Model, max_n: int = TARGET_MAX_N) -> Calibration | None:
+def cached(model: Model, max_n: int = TARGET_MAX_N, rows: Rows = "all") -> Calibration | None:
     """The cached calibration of `model`, if one is valid (quiet or not)."""
     max_n = max(1, min(max_n, model.n_batch))
-    return _read(cache_path(model.path, model.n_threads, model.placement),
-                 cache_key(model.path, model.n_threads, model.placement), max_n)
+    return _read(cache_path(model.path, model.n_threads, model.placement, rows),
+                 cache_key(model.path, model.n_threads, model.placement, rows), max_n)
 
 
 def calibrate(
@@ -350,21 +355,22 @@ def calibrate(
     max_n: int = TARGET_MAX_N,
     *,
     use_cache: bool = True,
+    rows: Rows = "all",
     budget_s: float = DEFAULT_BUDGET_S,
 ) -> Calibration:
     """The cost curve of `model` up to max_n tokens: the cached one when it is valid
     and was measured on a quiet machine (and use_cache); else measured now (in at
     most LIMIT_S), and the less disturbed of the new and the cached curve is kept."""
     max_n = max(1, min(max_n, model.n_batch))
-    key = cache_key(model.path, model.n_threads, model.placement)
-    path = cache_path(model.path, model.n_threads, model.placement)
+    key = cache_key(model.path, model.n_threads, model.placement, rows)
+    path = cache_path(model.path, model.n_threads, model.placement, rows)
     before = _read(path, key, max_n) if use_cache else None
     if before is not None and before.quiet:
         return before
     meter = CpuMeter()
     meter.start()
     t0 = time.perf_counter()
-    curve = measure_curve(model, max_n, budget_s=budget_s)
+    curve = measure_curve(model, max_n, rows=rows, budget_s=budget_s)
     spent = time.perf_counter() - t0
     busy = meter.stop()
     quiet = curve.noise <= NOISY and (busy is None or busy <= BUSY)

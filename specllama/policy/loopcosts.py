@@ -15,24 +15,24 @@ class LoopCosts:
     the loop's decodes of n tokens (the calibrated curve, scaled to the loop, until one
     is seen); the draft step the running mean of the steps after a round's first (the
     calibrated one, scaled alike, until a round drafts two); the first step's extra,
-    w_d, a catch-up per token, and our own time per round and per drafted token
-    running means.
+    w_d, the catch-ups' ratio to the calibrated ones, and our own time per round and
+    per drafted token running means.
     """
 
-    def __init__(self, curve: CostCurve, draft_step: float,
-                 tuning: AutoTuning | None = None, catch_up: float = 0.0) -> None:
-        """catch_up: what one more token in a batch costs the draft model, calibrated
-        (the price of a catch-up per token until the loop has measured one)."""
+    def __init__(self, curve: CostCurve, draft: CostCurve | None = None,
+                 tuning: AutoTuning | None = None) -> None:
+        """draft: the draft model's calibrated decodes (last row only): T(1) a step,
+        T(n + 1) - T(1) a catch-up on n tokens, as it is until the loop measures one."""
         self.tuning = tuning = tuning or AutoTuning()
         self.curve = curve
+        self.draft_curve = draft
         self.scale = 1.0  # loop / calibration, all batch sizes together
         self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
         self._seen: dict[int, int] = {}  # n -> decodes of n tokens learnt from
-        self.calibrated_draft_step = draft_step
+        self.calibrated_draft_step = draft.t(1) if draft is not None else 0.0
         self.loop_draft_step: float | None = None  # None until a round drafts two tokens
         self.draft_wake = 0.0
-        self.calibrated_catch_up = catch_up
-        self.catch_up: float | None = None  # per token the draft model caught up on
+        self.catch_up_scale: float | None = None  # catch-ups in the loop / calibrated
         self.overhead = 0.0
         self.overhead_per_draft = 0.0
         self._rounds = 0
@@ -50,17 +50,20 @@ class LoopCosts:
     def t(self, n: int) -> float:
         return self.verify.get(n, self.scale * self.curve.t(n))
 
-    @property
-    def catch_up_per_token(self) -> float:
-        if self.catch_up is not None:
-            return self.catch_up
-        return self.calibrated_catch_up * self.scale
+    def _calibrated_catch_up(self, behind: int) -> float:
+        d = self.draft_curve
+        return 0.0 if d is None else d.t(behind + 1) - d.t(1)
 
     def catch_up_s(self, behind: int) -> float:
         """What the draft model's next draft spends catching up on `behind` tokens it
         missed, beyond a round's usual first step (one missed token, after a fully
-        accepted round, is part of `draft_wake`)."""
-        return 0.0 if behind < 2 else behind * self.catch_up_per_token
+        accepted round, is part of `draft_wake`): one batch, whose tokens cost less
+        each the more there are. As calibrated, scaled as the loop's catch-ups measure
+        (until one is: as the target's decodes, the machine's state now)."""
+        if behind < 2:
+            return 0.0
+        scale = self.scale if self.catch_up_scale is None else self.catch_up_scale
+        return scale * self._calibrated_catch_up(behind)
 
     def round_costs(self, model: bool, verify: tuple[float, ...]) -> RoundCosts:
         """verify: T(1..k+1) for every k considered (built once for all sources)."""
@@ -130,10 +133,10 @@ class LoopCosts:
         if behind < 2:
             wake = min(extra, self.draft_wake * tune.spike + self.draft_step)
             self.draft_wake += tune.learn * (wake - self.draft_wake)
-        else:
-            per_token = max(0.0, extra - self.draft_wake) / behind
-            if self.catch_up is None:
-                self.catch_up = min(per_token, self.draft_step)
-            else:
-                per_token = min(per_token, self.catch_up * tune.spike + 1e-4)
-                self.catch_up += learn * (per_token - self.catch_up)
+        elif (calibrated := self._calibrated_catch_up(behind)) > 0:
+            scale = max(0.0, extra - self.draft_wake) / calibrated
+            if self.catch_up_scale is None:  # at most a draft step a token
+                self.catch_up_scale = min(scale, behind * self.draft_step / calibrated)
+            else:  # (the small floor lets an estimate of 0 grow)
+                scale = min(scale, self.catch_up_scale * tune.spike + 1e-2)
+                self.catch_up_scale += learn * (scale - self.catch_up_scale)

@@ -38,21 +38,20 @@ class AutoState:
     def __init__(
         self,
         target_curve: CostCurve,
-        draft_step_s: float = 0.0,
+        draft_curve: CostCurve | None = None,
         *,
         priors: dict[str, float] | None = None,
         calibration: dict[str, Any] | None = None,
         tuning: AutoTuning | None = None,
-        catch_up_s: float = 0.0,
     ) -> None:
-        """catch_up_s: the draft model's calibrated cost of one more token in a batch
-        (see LoopCosts)."""
+        """draft_curve: the draft model's calibrated decodes, last row only (see
+        LoopCosts); None without a draft model."""
         self.tuning = t = tuning or AutoTuning()
         priors = {"model": t.prior_model, "lookup": t.prior_lookup,
                   "lookup-long": t.prior_lookup_long, **(priors or {})}
         self.target = target_curve
         self.k_max = max(0, min(t.max_draft, target_curve.max_n - 1))
-        self.loop = LoopCosts(target_curve, draft_step_s, t, catch_up_s)
+        self.loop = LoopCosts(target_curve, draft_curve, t)
         self.sources = {
             src: SourceState(
                 AcceptanceEstimate.tuned(t, priors[src], max(1, self.k_max)),
@@ -97,7 +96,7 @@ class AutoState:
             return None
         found = [cached(decoder.target, TARGET_MAX_N)]
         if decoder.draft is not None:
-            found.append(cached(decoder.draft, DRAFT_MAX_N))
+            found.append(cached(decoder.draft, DRAFT_MAX_N, "last"))
         if any(c is None for c in found):
             return ("measuring decode costs for these models and thread count (a few "
                     "seconds at most; kept for next time)")
@@ -111,14 +110,12 @@ class AutoState:
         tuning = AutoTuning.from_env()  # first: a bad value fails before measuring
         target = calibrate(decoder.target, TARGET_MAX_N, use_cache=not refresh)
         info = {"target": target.to_dict()}
-        draft_step = catch_up = 0.0
+        draft_curve = None
         if decoder.draft is not None:
-            draft = calibrate(decoder.draft, DRAFT_MAX_N, use_cache=not refresh)
+            draft = calibrate(decoder.draft, DRAFT_MAX_N, use_cache=not refresh, rows="last")
             info["draft"] = draft.to_dict()
-            draft_step = draft.curve.t(1)
-            catch_up = draft.curve.per_extra_token()
-        return cls(target.curve, draft_step, calibration=info, tuning=tuning,
-                   catch_up_s=catch_up)
+            draft_curve = draft.curve
+        return cls(target.curve, draft_curve, calibration=info, tuning=tuning)
 
     def confidence_of(self, source: str) -> ConfidenceAcceptance:
         return self.lookup_confidence.get(source, self.confidence)
