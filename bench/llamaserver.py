@@ -258,6 +258,7 @@ def record(c: Contender, answer: dict[str, Any], seconds: float) -> dict[str, An
         r["drafted"] = int(spec.get("drafted", 0))
         r["accepted"] = int(spec.get("accepted", 0))
         r["server_tokens_per_s"] = spec.get("tokens_per_s")
+        r["policy"] = spec.get("policy")  # auto's one line: why it drafted as it did
     return r
 
 
