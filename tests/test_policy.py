@@ -628,6 +628,38 @@ def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
     assert run_rounds(AutoDraftLength(st), 80, accept_all=True).count(0) == 0
 
 
+def test_a_verify_cost_learnt_in_a_busy_spell_is_forgotten_in_time():
+    """Lookups accepted 95% of the time pay here. But a busy spell slowed every
+    verification 3x while the target alone was measured as ever, so T(n > 1) was learnt
+    3x too high. Only rounds that draft measure T(n > 1), and at those costs drafting
+    could not pay even at 90% acceptance, so not even a probe ran: lookups stayed off
+    for good (a lookup-only server once did so for 16 of 18 requests). A T(n) unmeasured
+    for as long as the longest probe gap is forgotten; then auto drafts again, and goes
+    on drafting."""
+    t1, ratios = 0.04, [1.0 + 0.25 * n for n in range(16)]
+    st = state_for(ratios, t1=t1, draft_ratio=0.3)
+    policy = AutoDraftLength(st)
+    for _ in range(TUNING.average_first + 2):  # the spell
+        for k in range(st.k_max + 1):
+            t = (3.0 if k else 1.0) * t1 * ratios[k]
+            st.learn_costs(RoundOutcome(k, k, "lookup", t, 0.0, t))
+    assert st.loop.t(3) > 2 * t1 * ratios[2]
+    fixed_acceptance(st, "lookup", 0.95)
+
+    def round_now() -> int:
+        k = policy.choose("lookup", 4)
+        t = t1 * ratios[k]
+        policy.observe(RoundOutcome(k, k, "lookup", t, 0.0, t))
+        return k
+
+    ks = [round_now() for _ in range(TUNING.probe_every_max + 20)]
+    back = next(i for i, k in enumerate(ks) if k > 0)
+    # off, not even probing (it would lose at those costs), until T(n) is forgotten
+    assert TUNING.probe_every_max - 20 < back <= TUNING.probe_every_max + 1
+    assert all(k > 0 for k in ks[back:])
+    assert st.loop.t(ks[-1] + 1) == pytest.approx(t1 * ratios[ks[-1]], rel=0.05)
+
+
 def test_auto_keeps_drafting_at_a_gain_it_would_not_start_for():
     """Hysteresis: drafting starts when the best k beats the target alone by `margin`, and
     goes on while it does not lose (keep_margin). An estimate near the boundary otherwise

@@ -29,6 +29,7 @@ class LoopCosts:
         self.scale = 1.0  # loop / calibration, all batch sizes together
         self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
         self._seen: dict[int, int] = {}  # n -> decodes of n tokens learnt from
+        self._measured_at: dict[int, int] = {}  # n -> the round that last measured T(n)
         self.calibrated_draft_step = draft.t(1) if draft is not None else 0.0
         self.loop_draft_step: float | None = None  # None until a round drafts two tokens
         self.draft_wake = 0.0
@@ -99,6 +100,8 @@ class LoopCosts:
             averaged = max(learn, 1.0 / (count - 1)) if count <= tune.average_first + 1 \
                 else learn
             self.verify[n] = seen + averaged * (measured - seen)
+            self._measured_at[n] = self._rounds
+        self._forget_stale()
         self._observe_draft(outcome, learn, spike)
         if outcome.seconds > 0:
             own = max(0.0, outcome.seconds - outcome.target_s - outcome.draft_s)
@@ -109,6 +112,17 @@ class LoopCosts:
             else:
                 per_draft = max(0.0, own - self.overhead) / k
                 self.overhead_per_draft += tune.learn * (per_draft - self.overhead_per_draft)
+
+    def _forget_stale(self) -> None:
+        """A T(n) no round has measured for as long as the longest gap between probes is
+        forgotten: the calibration, scaled to the loop, stands in again, and the next
+        decodes of n are averaged afresh. Only rounds that draft measure T(n > 1); one
+        learnt too high (a busy spell) kept drafting off, and itself unmeasured, for the
+        life of a server (docs/performance.md)."""
+        limit = self.tuning.probe_every_max
+        for n in [n for n, at in self._measured_at.items() if self._rounds - at > limit]:
+            del self.verify[n], self._measured_at[n]
+            self._seen[n] = 1  # (its graph is built: the next decode is learnt from)
 
     def _observe_draft(self, outcome: RoundOutcome, learn: float, spike: float) -> None:
         """A draft model's decodes: its first row, then one per row after (k - 1, or k
