@@ -660,6 +660,37 @@ def test_a_verify_cost_learnt_in_a_busy_spell_is_forgotten_in_time():
     assert st.loop.t(ks[-1] + 1) == pytest.approx(t1 * ratios[ks[-1]], rel=0.05)
 
 
+def test_a_draft_step_learnt_in_a_busy_spell_is_forgotten_in_time():
+    """The same for the draft model's own cost, learnt only from rounds it drafts: a
+    spell made its steps 5x slower (1.5 target steps), so drafting stopped and no probe
+    ran, even at 90% acceptance. Once forgotten, the calibrated step stands in, the
+    model drafts again and its step is learnt as it is."""
+    t1, step = 0.04, 0.3 * 0.04
+    st = state_for(FLAT_RATIOS, t1=t1, draft_ratio=0.3)
+    policy = AutoDraftLength(st)
+
+    def model_round(k: int, each: float) -> RoundOutcome:
+        t, d = t1 * FLAT_RATIOS[k], k * each
+        return RoundOutcome(k, k, "model", t, d, t + d, draft_steps_s=max(0, k - 1) * each,
+                            draft_rows=k, draft_behind=0 if k else 1)
+
+    for _ in range(12):  # the spell
+        st.learn_costs(model_round(4, 5 * step))
+    assert st.loop.draft_step > 4 * step
+    fixed_acceptance(st, "model", 0.8)
+
+    def round_now() -> int:
+        k = policy.choose("model")
+        policy.observe(model_round(k, step))
+        return k
+
+    ks = [round_now() for _ in range(TUNING.probe_every_max + 20)]
+    back = next(i for i, k in enumerate(ks) if k > 0)
+    assert TUNING.probe_every_max - 20 < back <= TUNING.probe_every_max + 1
+    assert ks[back:].count(0) <= 2  # (plain reference rounds while the gain is small)
+    assert st.loop.draft_step == pytest.approx(step, rel=0.05)
+
+
 def test_auto_keeps_drafting_at_a_gain_it_would_not_start_for():
     """Hysteresis: drafting starts when the best k beats the target alone by `margin`, and
     goes on while it does not lose (keep_margin). An estimate near the boundary otherwise

@@ -29,7 +29,8 @@ class LoopCosts:
         self.scale = 1.0  # loop / calibration, all batch sizes together
         self.verify: dict[int, float] = {}  # n -> running mean of T(n) in the loop
         self._seen: dict[int, int] = {}  # n -> decodes of n tokens learnt from
-        self._measured_at: dict[int, int] = {}  # n -> the round that last measured T(n)
+        # the round that last measured each learnt cost: T(n) by n, the draft model's by name
+        self._measured_at: dict[int | str, int] = {}
         self.calibrated_draft_step = draft.t(1) if draft is not None else 0.0
         self.loop_draft_step: float | None = None  # None until a round drafts two tokens
         self.draft_wake = 0.0
@@ -114,15 +115,23 @@ class LoopCosts:
                 self.overhead_per_draft += tune.learn * (per_draft - self.overhead_per_draft)
 
     def _forget_stale(self) -> None:
-        """A T(n) no round has measured for as long as the longest gap between probes is
-        forgotten: the calibration, scaled to the loop, stands in again, and the next
-        decodes of n are averaged afresh. Only rounds that draft measure T(n > 1); one
-        learnt too high (a busy spell) kept drafting off, and itself unmeasured, for the
-        life of a server (docs/performance.md)."""
+        """A learnt cost no round has measured for as long as the longest gap between
+        probes is forgotten: the calibration, scaled to the loop, stands in again, and the
+        next measure of it is learnt in full. Only rounds that draft measure T(n > 1) and
+        the draft model's costs; one learnt too high (a busy spell) kept drafting off,
+        and itself unmeasured, for the life of a server (docs/performance.md)."""
         limit = self.tuning.probe_every_max
-        for n in [n for n, at in self._measured_at.items() if self._rounds - at > limit]:
-            del self.verify[n], self._measured_at[n]
-            self._seen[n] = 1  # (its graph is built: the next decode is learnt from)
+        for key in [k for k, at in self._measured_at.items() if self._rounds - at > limit]:
+            del self._measured_at[key]
+            if key == "draft step":
+                self.loop_draft_step = None
+            elif key == "wake":
+                self.draft_wake = 0.0
+            elif key == "catch-up":
+                self.catch_up_scale = None
+            elif isinstance(key, int):
+                del self.verify[key]
+                self._seen[key] = 1  # (its graph is built: the next decode is learnt from)
 
     def _observe_draft(self, outcome: RoundOutcome, learn: float, spike: float) -> None:
         """A draft model's decodes: its first row, then one per row after (k - 1, or k
@@ -138,6 +147,7 @@ class LoopCosts:
             else:
                 step = min(max(step, seen / spike), seen * spike)
                 self.loop_draft_step = seen + learn * (step - seen)
+            self._measured_at["draft step"] = self._rounds
         # A round's first draft decode: one step, its wake-up (w_d) and, after rounds
         # without a model draft, a catch-up on what they emitted, learnt apart.
         first = outcome.draft_s - outcome.draft_steps_s if outcome.draft_steps_s > 0 \
@@ -147,6 +157,7 @@ class LoopCosts:
         if behind < 2:
             wake = min(extra, self.draft_wake * tune.spike + self.draft_step)
             self.draft_wake += tune.learn * (wake - self.draft_wake)
+            self._measured_at["wake"] = self._rounds
         elif (calibrated := self._calibrated_catch_up(behind)) > 0:
             scale = max(0.0, extra - self.draft_wake) / calibrated
             if self.catch_up_scale is None:  # at most a draft step a token
@@ -154,3 +165,4 @@ class LoopCosts:
             else:  # (the small floor lets an estimate of 0 grow)
                 scale = min(scale, self.catch_up_scale * tune.spike + 1e-2)
                 self.catch_up_scale += learn * (scale - self.catch_up_scale)
+            self._measured_at["catch-up"] = self._rounds
