@@ -6,7 +6,10 @@ part of what the user waits for. This runs the built-in prompts (`bench`, then `
 as the user turns of one conversation in SmolLM2's chat format, each answer appended
 before the next turn, and times each `generate` call whole (prompt included): tokens
 per second over the conversation, auto (hybrid) and the target alone alternating,
-`--reps` times each, in one process.
+`--reps` times each, in one process. As in `specllama chat`, each call keeps the KV
+cache of the conversation so far, and lookups copy from the earlier turns; each
+repetition is a new session (the decoder's memory of earlier outputs is emptied), or
+auto would copy its answers from the last one.
 
     python bench/chatturns.py --pair smollm2-f32
     python bench/chatturns.py --pair smollm2 --turns 10 --reps 3
@@ -25,6 +28,8 @@ import time
 def main() -> None:
     from specllama import SamplingParams, SpeculativeDecoder
     from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.engine.draftcache import HISTORY_TOKENS
+    from specllama.engine.suffixcache import SuffixArchive
     from specllama.models.config import find_and_load_config
     from specllama.models.sources import resolve_pair
 
@@ -46,11 +51,12 @@ def main() -> None:
     for _ in range(args.reps):
         for name, draft_max in (("auto", "auto"), ("target", 0)):
             history, seconds, tokens = "", 0.0, 0
+            dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # a new session
             for question in questions[: args.turns]:
                 history += f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
                 t0 = time.perf_counter()
                 out = dec.generate(history, max_tokens=args.max_tokens, draft_max=draft_max,
-                                   sampling=greedy)
+                                   sampling=greedy, keep_cache=True)
                 seconds += time.perf_counter() - t0
                 tokens += len(out.tokens)
                 history += out.text + "<|im_end|>\n"
