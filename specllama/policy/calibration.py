@@ -41,8 +41,8 @@ CALIBRATION_VERSION = 3
 Rows = Literal["all", "last"]  # the rows whose logits a timed decode computes
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
 #: A draft step is 1 token (2 after a fully accepted round), a catch-up one batch of
-#: all the tokens missed: per token a batch of 64 costs a third of the second token
-#: of a batch on the F32 pair's draft (docs/performance.md); beyond, extrapolated.
+#: all the tokens missed: per token a batch of 64 costs half the second token of a
+#: batch on the F32 pair's draft (docs/performance.md); beyond, extrapolated.
 DRAFT_MAX_N = 64
 #: Batch sizes timed; the others are interpolated.
 MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 64)
