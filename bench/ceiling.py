@@ -1,0 +1,301 @@
+"""What any exact greedy drafter of our kind could gain on a request sequence.
+
+Greedy output is the target's own, so it is known in advance. This generates it with
+the target alone, request after request, marks every output token as one a lookup
+could copy (the m tokens before it, followed by it, occur in the text read before,
+m >= 1, 2, 3) and as one the draft model proposes (its argmax, given the exact prefix,
+is the token), and then prices schedules of rounds (a round drafts j tokens and the
+target adds one: T(j + 1), plus a draft step for each token from the draft model,
+which reads each prompt's new part before its first draft of a request):
+
+- the oracle bound: the cheapest schedule (dynamic programming over the output), its
+  drafts stopping exactly where the target disagrees and the right one of several
+  earlier continuations copied. No drafter that copies from that text and drafts with
+  that model in single chains does better at these costs.
+- replays without an oracle: lookups as specllama makes them (the longest n-gram that
+  occurred before, the tokens after its last occurrence, up to k), else a model draft
+  while the draft model's confidence stays >= theta (up to k); the best of a grid.
+- specllama itself (auto, hybrid, drafting from earlier outputs), timed in the same
+  process against the target alone.
+
+Costs are priced twice: as calibrated (each model timed alone), and as auto's loop
+learnt them while it ran the sequence (a target decode after a draft and a draft step
+after a target decode cost more: docs/performance.md), with its overhead per round.
+
+    python bench/ceiling.py --pair smollm2-f32 --prompts requests --max-tokens 96
+    python bench/ceiling.py --pair smollm2 --prompts requests --from 3
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+K_MAX = 15  # drafts a round: the target's curve is calibrated up to 16 tokens
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]
+    output: list[int]
+    fresh: int  # tokens of the prompt the draft's cache lacks (after the last request)
+    by_model: list[bool]  # the draft model's argmax at each output position is the token
+    confidence: list[float]  # the draft model's probability of its argmax there
+
+
+@dataclass(frozen=True)
+class Costs:
+    t: Callable[[int], float]  # one target decode of n tokens
+    draft_step: float
+    read: Callable[[int], float]  # the draft model reading n tokens of a prompt
+    round: float = 0.0  # ours, per round (and the draft's wake-up, rounds with a model)
+    wake: float = 0.0
+
+    def of(self, j: int, model: int) -> float:
+        """A round of j drafts, `model` of them from the draft model."""
+        return self.t(j + 1) + self.round + model * self.draft_step \
+            + (self.wake if model else 0.0)
+
+
+def copyable(seen: Sequence[int], text: Sequence[int], start: int, m: int) -> list[bool]:
+    """For text[start:], whether each token follows its m predecessors somewhere earlier:
+    in `seen` (other text read before) or in text before it."""
+    grams = {tuple(seen[i - m : i + 1]) for i in range(m, len(seen))}
+    out = []
+    for i in range(len(text)):
+        gram = tuple(text[max(0, i - m) : i + 1])
+        if i >= start:
+            out.append(i >= m and gram in grams)
+        grams.add(gram)
+    return out
+
+
+def cheapest(known: Sequence[bool], free: Sequence[bool], costs: Costs) -> float:
+    """Seconds of the cheapest schedule of rounds over one output: a round at i drafts
+    the j <= K_MAX known tokens i..i+j-1 (from the draft model unless free) and emits one
+    more of the target's."""
+    n = len(known)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        cost, model = float("inf"), 0
+        for j in range(0, min(K_MAX, n - i) + 1):
+            if j > 0:
+                if not known[i + j - 1]:
+                    break
+                model += not free[i + j - 1]
+            cost = min(cost, costs.of(j, model) + best[min(n, i + j + 1)])
+        best[i] = cost
+    return best[0]
+
+
+def oracle(requests: Sequence[Request], first: int, m: int | None, history: bool,
+           model: bool, costs: Costs) -> float:
+    """Seconds of the oracle's schedule over requests[first:]."""
+    seconds, before = 0.0, list[int]()
+    for index, r in enumerate(requests):
+        text = [*r.prompt, *r.output]
+        free = copyable(before if history else [], text, len(r.prompt), m) \
+            if m is not None else [False] * len(r.output)
+        if index >= first:
+            # the draft model drafts only after reading the prompt: where that pays
+            known = [f or (model and b) for f, b in zip(free, r.by_model)]
+            seconds += min(cheapest(known, free, costs) + costs.read(r.fresh),
+                           cheapest(free, free, costs))
+        before += text
+    return seconds
+
+
+class Lookup:
+    """Copies as a lookup drafter makes them: the longest n-gram (n from N_MAX down to
+    m) ending the text that occurred before, and the tokens after its last occurrence."""
+
+    N_MAX = 8
+
+    def __init__(self, m: int) -> None:
+        self.m, self.text = m, list[int]()
+        self.last: dict[tuple[int, ...], int] = {}  # n-gram -> the end of its last copy
+
+    def append(self, token: int) -> None:
+        end = len(self.text)
+        for n in range(self.m, min(self.N_MAX, end) + 1):
+            self.last[tuple(self.text[end - n : end])] = end
+        self.text.append(token)
+
+    def chain(self, k: int) -> list[int]:
+        end = len(self.text)
+        for n in range(min(self.N_MAX, end), self.m - 1, -1):
+            at = self.last.get(tuple(self.text[end - n : end]))
+            if at is not None:
+                return self.text[at : at + k]
+        return []
+
+
+def replay(requests: Sequence[Request], first: int, history: bool, m: int | None,
+           theta: float | None, k_copy: int, k_model: int, costs: Costs) -> float:
+    """Seconds over requests[first:] of a drafter without an oracle: a lookup chain of
+    up to k_copy tokens where one matches (m: None for no lookups), else a model draft
+    while the draft model's confidence stays >= theta (up to k_model; None: no model).
+    (Past a wrong draft token its confidences are those read on the right prefix: the
+    length of a failed draft is approximate, what it gains is not.)"""
+    seconds, lookup = 0.0, Lookup(m or 1)
+    for index, r in enumerate(requests):
+        if not history:
+            lookup = Lookup(m or 1)
+        for token in r.prompt:
+            lookup.append(token)
+        out, i, read = r.output, 0, False
+        while i < len(out):
+            drafted = lookup.chain(min(k_copy, len(out) - i)) if m is not None else []
+            model = not drafted and theta is not None
+            if not drafted and theta is not None:
+                j = 0
+                while j < min(k_model, len(out) - i) and r.confidence[i + j] >= theta:
+                    j += 1
+                drafted = [out[i + x] if r.by_model[i + x] else -1 for x in range(j)]
+            accepted = 0
+            while accepted < len(drafted) and drafted[accepted] == out[i + accepted]:
+                accepted += 1
+            if index >= first:
+                seconds += costs.of(len(drafted), len(drafted) if model else 0)
+                if model and drafted and not read:
+                    seconds, read = seconds + costs.read(r.fresh), True
+            emitted = min(accepted + 1, len(out) - i)
+            for token in out[i : i + emitted]:
+                lookup.append(token)
+            i += emitted
+    return seconds
+
+
+#: The grid the replays are the best of: the shortest match a lookup copies after, the
+#: draft model's lowest confidence it drafts at, and the longest drafts of each.
+MATCHES = (1, 2, 3, 4, 6)
+THETAS = (0.3, 0.5, 0.7, 0.9, 0.97)
+
+
+def best_replay(requests: Sequence[Request], first: int, history: bool, lookups: bool,
+                model: bool, costs: Costs) -> tuple[float, str]:
+    """The fastest replay of the grid, and its settings; never slower than plain steps."""
+    plain = sum(len(r.output) for r in requests[first:]) * costs.of(0, 0)
+    best, how = plain, "no drafts"
+    for m in (MATCHES if lookups else (None,)):
+        for theta in (THETAS if model else (None,)):
+            for k_copy in ((2, 4, 8, 15) if lookups else (1,)):
+                for k_model in ((2, 4, 8) if model else (1,)):
+                    s = replay(requests, first, history, m, theta, k_copy, k_model, costs)
+                    if s < best:
+                        best, how = s, (f"m {m}" if lookups else "") + \
+                            (f" k {k_copy}" if lookups else "") + \
+                            (f" theta {theta} k {k_model}" if model else "")
+    return best, how.strip()
+
+
+def main() -> None:
+    from specllama import SamplingParams, SpeculativeDecoder
+    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.engine.draftcache import HISTORY_TOKENS
+    from specllama.engine.suffixcache import SuffixArchive
+    from specllama.models.config import find_and_load_config
+    from specllama.models.sources import resolve_pair
+    from specllama.policy.calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
+    from specllama.policy.state import AutoState
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="smollm2-f32")
+    ap.add_argument("--prompts", default="requests", help="a built-in prompt set")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--from", dest="first", type=int, default=3,
+                    help="the first request counted (1-based; default 3)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    first = args.first - 1
+
+    target_path, draft_path = resolve_pair(find_and_load_config().pair(args.pair))
+    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=4096,
+                                  n_threads=args.threads)
+    target, draft = dec.target, dec.draft
+    assert draft is not None, "the pair needs a draft model"
+    curve = calibrate(target, TARGET_MAX_N).curve
+    draft_curve = calibrate(draft, DRAFT_MAX_N, rows="last").curve
+    greedy = SamplingParams(temperature=0.0)
+    prompts = [target.prompt(p.prompt, chat=p.chat) for p in builtin_prompts(args.prompts)]
+    dec.generate(prompts[0], max_tokens=8, draft_max="auto", sampling=greedy)  # warm
+
+    def run(draft_max: int | str) -> tuple[list[list[int]], float]:
+        """Outputs, and generation seconds over the counted requests, of one sequence."""
+        dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
+        outputs, seconds = [], 0.0
+        for index, prompt in enumerate(prompts):
+            result = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=draft_max,
+                                  sampling=greedy)
+            outputs.append(result.tokens)
+            seconds += result.stats.generate_s if index >= first else 0.0
+        return outputs, seconds
+
+    outputs, alone_s = run(0)
+    auto_outputs, auto_s = run("auto")
+    assert auto_outputs == outputs, "greedy output differs from the target alone's"
+    loop = AutoState.for_decoder(dec).loop
+
+    requests: list[Request] = []
+    for prompt, output in zip(prompts, outputs):
+        draft.clear()
+        draft.decode(prompt[:-1], "none")
+        draft.decode([prompt[-1], *output[:-1]], "all")
+        rows = [draft.logits_row(i) for i in range(len(output))]
+        by_model = [int(np.argmax(row)) == y for row, y in zip(rows, output)]
+        confidence = [float(1.0 / np.exp(row - row.max()).sum()) for row in rows]
+        last = [*requests[-1].prompt, *requests[-1].output] if requests else []
+        shared = next((i for i, (a, b) in enumerate(zip(prompt, last)) if a != b),
+                      min(len(prompt), len(last)))
+        requests.append(Request(prompt, list(output), len(prompt) - shared, by_model,
+                                confidence))
+    dec.close()
+
+    counted = requests[first:]
+    n_tokens = sum(len(r.output) for r in counted)
+    calibrated = Costs(curve.t, draft_curve.t(1), draft_curve.t)
+    learnt = Costs(loop.t, loop.draft_step, lambda n: loop.catch_up_s(n) + loop.draft_step,
+                   loop.overhead, loop.draft_wake)
+    print(f"{args.pair}, {args.prompts}: requests {args.first}-{len(requests)}, {n_tokens} "
+          "tokens")
+    for name, c in (("calibrated", calibrated), ("as the loop learnt them", learnt)):
+        print(f"  costs {name}: T(1) {c.t(1) * 1e3:.1f} ms, T(2) {c.t(2) / c.t(1):.2f}, "
+              f"T(4) {c.t(4) / c.t(1):.2f}, T(8) {c.t(8) / c.t(1):.2f}, draft step "
+              f"{c.draft_step / c.t(1):.2f}, wake {c.wake / c.t(1):.2f}, ours a round "
+              f"{c.round / c.t(1):.2f} T(1)")
+    share = sum(sum(r.by_model) for r in counted) / n_tokens
+    fresh = sum(r.fresh for r in counted) / len(counted)
+    print(f"  the draft model's argmax is the target's token at {share:.0%} of positions; "
+          f"it reads {fresh:.0f} new prompt tokens a request")
+    print(f"  specllama auto (hybrid), measured: {alone_s / auto_s:.2f}x the target alone "
+          f"({n_tokens / auto_s:.1f} against {n_tokens / alone_s:.1f} tok/s)")
+
+    bounds: list[tuple[str, int | None, bool, bool]] = [("draft model alone", None, False,
+                                                         True)]
+    for n in (1, 2, 3):
+        bounds += [(f"copies, context, m >= {n}", n, False, False),
+                   (f"copies, context, + model, m >= {n}", n, False, True),
+                   (f"copies, context and history, m >= {n}", n, True, False),
+                   (f"copies, context and history, + model, m >= {n}", n, True, True)]
+    for name, c in (("calibrated", calibrated), ("as the loop learnt them", learnt)):
+        alone = n_tokens * c.of(0, 0)
+        print(f"costs {name}; x the target alone at the same costs")
+        print("  the oracle (drafts stop exactly where the target disagrees):")
+        for label, m, history, model in bounds:
+            print(f"    {label:<46} {alone / oracle(requests, first, m, history, model, c):5.2f}x")
+        print("  replayed without an oracle (the best of a grid):")
+        for label, history, lookups, model in (
+                ("draft model alone", False, False, True),
+                ("lookups, context", False, True, False),
+                ("lookups, context, + model", False, True, True),
+                ("lookups, context and history", True, True, False),
+                ("lookups, context and history, + model", True, True, True)):
+            seconds, how = best_replay(requests, first, history, lookups, model, c)
+            print(f"    {label:<46} {alone / seconds:5.2f}x  ({how})")
+
+
+if __name__ == "__main__":
+    main()
