@@ -79,6 +79,22 @@ def test_a_replayed_request_seen_before_is_copied_from_history():
     assert without == 6.0
 
 
+def test_a_replayed_draft_model_pays_for_the_row_that_stops_it_and_its_catch_up():
+    unsure = ceiling.Request([1, 2], [5, 6], 0, [True, True], [0.1, 0.1])
+    costs = ceiling.Costs(flat, 0.25, lambda n: 0.25 * n)
+    # each round reads a row, finds the draft unsure and steps plainly: 1 + 0.25 twice
+    assert ceiling.replay([unsure], 0, False, None, 0.5, 1, 4, costs) == 2.5
+    sure = ceiling.Request([1, 2], [5, 6, 7, 8], 3, [True] * 4, [0.9] * 4)
+    # one round: the 3 new prompt tokens and `last` in one batch (1.0), 2 more rows
+    # (0.5), the target's decode (1): drafts 3 and gets the 4th
+    assert ceiling.replay([sure], 0, False, None, 0.5, 1, 3, costs) == 2.5
+    # the model drafts 8 (and the target adds 1), a lookup copies 2 (and the target adds
+    # 4), then the model catches up on those 2 with `last` in one batch and drafts 5
+    mixed = ceiling.Request([7, 1, 2], [8, 1, 2, 4, 5], 0, [True] * 5, [0.9] * 5)
+    assert ceiling.replay([mixed], 0, False, 1, 0.5, 4, 1, costs) == \
+        (1 + 0.25) + 1 + (1 + 0.25 * 3)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_replayed_drafter_beats_the_oracle(seed):
     rng = random.Random(seed)
