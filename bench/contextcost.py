@@ -18,6 +18,16 @@ import time
 from specllama.engine.llama import Model
 
 
+def decode_timed(model: Model, tokens: list[int], at: int, n: int) -> float:
+    """Seconds of one decode of tokens[at:at+n] after `at` cached ones (every row's
+    logits, as a verification); the cache is cut back to `at` after."""
+    t0 = time.perf_counter()
+    model.decode(tokens[at : at + n], "all" if n > 1 else "last")
+    seconds = time.perf_counter() - t0
+    model.truncate(at)
+    return seconds
+
+
 def main() -> None:
     from specllama.models.config import find_and_load_config
     from specllama.models.sources import resolve_pair
@@ -40,11 +50,7 @@ def main() -> None:
     tokens = _filler_tokens(target, max(contexts) + max(sizes) + 16)
 
     def timed(model: Model, at: int, n: int) -> float:
-        t0 = time.perf_counter()
-        model.decode(tokens[at : at + n], "all" if n > 1 else "last")
-        seconds = time.perf_counter() - t0
-        model.truncate(at)
-        return seconds
+        return decode_timed(model, tokens, at, n)
 
     samples: dict[tuple[int, int], list[float]] = {}
     for _ in range(args.reps):
@@ -69,11 +75,7 @@ def interleaved(target: Model, draft: Model, tokens: list[int], sizes: list[int]
     after a target decode: at 200 tokens of context."""
 
     def timed(model: Model, at: int, n: int) -> float:
-        t0 = time.perf_counter()
-        model.decode(tokens[at : at + n], "all" if n > 1 else "last")
-        seconds = time.perf_counter() - t0
-        model.truncate(at)
-        return seconds
+        return decode_timed(model, tokens, at, n)
 
     at = 200
     target.clear()
