@@ -216,6 +216,9 @@ def main() -> None:
     ap.add_argument("--from", dest="first", type=int, default=3,
                     help="the first request counted (1-based; default 3)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="keep the KV caches from request to request, as `specllama serve` "
+                    "does (the draft model then lacks only a prompt's new part)")
     args = ap.parse_args()
     first = args.first - 1
 
@@ -230,19 +233,22 @@ def main() -> None:
     prompts = [target.prompt(p.prompt, chat=p.chat) for p in builtin_prompts(args.prompts)]
     dec.generate(prompts[0], max_tokens=8, draft_max="auto", sampling=greedy)  # warm
 
-    def run(draft_max: int | str) -> tuple[list[list[int]], float]:
-        """Outputs, and generation seconds over the counted requests, of one sequence."""
+    def run(draft_max: int | str) -> tuple[list[list[int]], float, list[int]]:
+        """Outputs, generation seconds over the counted requests, and the tokens the
+        draft model drafted in each request, of one sequence."""
         dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
-        outputs, seconds = [], 0.0
+        outputs, seconds, by_model = [], 0.0, []
         for index, prompt in enumerate(prompts):
             result = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=draft_max,
-                                  sampling=greedy)
+                                  sampling=greedy, keep_cache=args.keep_cache)
             outputs.append(result.tokens)
             seconds += result.stats.generate_s if index >= first else 0.0
-        return outputs, seconds
+            stats = result.stats
+            by_model.append(stats.drafted - sum(stats.origin_drafted.values()))
+        return outputs, seconds, by_model
 
-    outputs, alone_s = run(0)
-    auto_outputs, auto_s = run("auto")
+    outputs, alone_s, _ = run(0)
+    auto_outputs, auto_s, model_drafts = run("auto")
     for index, (mine, theirs) in enumerate(zip(auto_outputs, outputs)):
         if mine != theirs:  # a near-tie that batched and single-token kernels break apart
             at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
@@ -283,7 +289,8 @@ def main() -> None:
     print(f"  the draft model's argmax is the target's token at {share:.0%} of positions; "
           f"it reads {fresh:.0f} new prompt tokens a request")
     print(f"  specllama auto (hybrid), measured: {alone_s / auto_s:.2f}x the target alone "
-          f"({n_tokens / auto_s:.1f} against {n_tokens / alone_s:.1f} tok/s)")
+          f"({n_tokens / auto_s:.1f} against {n_tokens / alone_s:.1f} tok/s); the draft "
+          f"model drafted {' '.join(map(str, model_drafts))} tokens, request by request")
 
     bounds: list[tuple[str, int | None, bool, bool]] = [("draft model alone", None, False,
                                                          True)]
