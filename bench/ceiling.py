@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specllama.engine.lookup import NgramIndex
+
 K_MAX = 15  # drafts a round: the target's curve is calibrated up to 16 tokens
 
 
@@ -108,50 +110,26 @@ def oracle(requests: Sequence[Request], first: int, m: int | None, history: bool
     return seconds
 
 
-class Lookup:
-    """Copies as a lookup drafter makes them: the longest n-gram (n from N_MAX down to
-    m) ending the text that occurred before, and the tokens after its last occurrence."""
-
-    N_MAX = 8
-
-    def __init__(self, m: int) -> None:
-        self.m, self.text = m, list[int]()
-        self.last: dict[tuple[int, ...], int] = {}  # n-gram -> the end of its last copy
-
-    def append(self, token: int) -> None:
-        end = len(self.text)
-        for n in range(self.m, min(self.N_MAX, end) + 1):
-            self.last[tuple(self.text[end - n : end])] = end
-        self.text.append(token)
-
-    def chain(self, k: int) -> list[int]:
-        end = len(self.text)
-        for n in range(min(self.N_MAX, end), self.m - 1, -1):
-            at = self.last.get(tuple(self.text[end - n : end]))
-            if at is not None:
-                return self.text[at : at + k]
-        return []
-
-
 def replay(requests: Sequence[Request], first: int, history: bool, m: int | None,
            theta: float | None, k_copy: int, k_model: int, costs: Costs) -> float:
     """Seconds over requests[first:] of a drafter without an oracle: a lookup chain of
-    up to k_copy tokens where one matches (m: None for no lookups), else a model draft
+    up to k_copy tokens where one matches (the context lookup's index, `NgramIndex`:
+    the tokens after the latest earlier occurrence of the longest suffix of m to 8
+    tokens; m None: no lookups), else a model draft
     while the draft model's confidence stays >= theta (up to k_model; None: no model).
     The draft model pays for every row it reads, the one that stops it too, and its
     first decode of a round is a batch of what it lacks: the prompt's new part (the
     shared start is in its cache, as in a server after the first request) and what
     other rounds emitted. (Past a wrong draft token its confidences are those read on
     the right prefix: the length of a failed draft is approximate.)"""
-    seconds, lookup = 0.0, Lookup(m or 1)
+    seconds, lookup = 0.0, NgramIndex(m or 1)
     for index, r in enumerate(requests):
         if not history:
-            lookup = Lookup(m or 1)
-        for token in r.prompt:
-            lookup.append(token)
+            lookup = NgramIndex(m or 1)
+        lookup.extend(r.prompt)
         out, i, behind = r.output, 0, r.fresh
         while i < len(out):
-            drafted = lookup.chain(min(k_copy, len(out) - i)) if m is not None else []
+            drafted = lookup.propose(min(k_copy, len(out) - i)) if m is not None else []
             model_s = 0.0
             if not drafted and theta is not None:
                 limit, j = min(k_model, len(out) - i), 0
@@ -167,8 +145,7 @@ def replay(requests: Sequence[Request], first: int, history: bool, m: int | None
                 seconds += costs.of(len(drafted), 0) + model_s
             emitted = min(accepted + 1, len(out) - i)
             behind = 0 if model_s else behind + emitted
-            for token in out[i : i + emitted]:
-                lookup.append(token)
+            lookup.extend(out[i : i + emitted])
             i += emitted
     return seconds
 

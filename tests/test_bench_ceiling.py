@@ -58,17 +58,6 @@ def test_the_oracle_pays_the_draft_models_step_and_its_reading_of_the_prompt():
     assert ceiling.oracle([request], 0, None, False, True, slow_read) == 4.0
 
 
-def test_a_lookup_copies_after_the_longest_earlier_match():
-    lookup = ceiling.Lookup(2)
-    for token in [1, 2, 3, 4, 9, 1, 2, 5, 6, 9, 1, 2]:
-        lookup.append(token)
-    assert lookup.chain(3) == [5, 6, 9]  # (9, 1, 2) last seen before 5
-    short = ceiling.Lookup(2)
-    for token in [1, 2, 3, 7, 2]:
-        short.append(token)
-    assert short.chain(3) == []  # only (2,) matched, shorter than m
-
-
 def test_a_replayed_request_seen_before_is_copied_from_history():
     first = ceiling.Request([1, 2], [3, 4, 5, 6, 7, 8], 2, [False] * 6, [0.1] * 6)
     again = ceiling.Request([1, 2], [3, 4, 5, 6, 7, 8], 0, [False] * 6, [0.1] * 6)
