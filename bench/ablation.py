@@ -1,7 +1,7 @@
 """Each mechanism of the auto policy switched off in turn, on simulated generations.
 
-    python bench/ablation.py                 # every switch, markdown table on stdout
-    python bench/ablation.py "my try:probe_k=1,upper_z=1"   # extra rows, AutoTuning syntax
+    python -m bench.ablation                 # every switch, markdown table on stdout
+    python -m bench.ablation "my try:probe_k=1,upper_z=1"   # extra rows, AutoTuning syntax
 
 The workloads are those of tests/test_policy.py (tests/simulated.py): greedy drafts on
 the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
@@ -19,12 +19,12 @@ through SPECLLAMA_AUTO_TUNING (bench/README.md); bench/ablation_real.py runs the
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
+from collections.abc import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from simulated import (  # noqa: E402
+from bench.common import parser, run
+from specllama.policy import AutoDraftLength, AutoState, AutoTuning
+from specllama.policy.calibration import CostCurve
+from tests.simulated import (
     F32_CALIBRATED_MS,
     F32_DRAFT_CURVE,
     Text,
@@ -33,8 +33,7 @@ from simulated import (  # noqa: E402
     texts_for,
 )
 
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning  # noqa: E402
-from specllama.policy.calibration import CostCurve  # noqa: E402
+Workload = tuple[float, bool, float, float]
 
 SWITCHES = [
     ("no probes", "probe_k=0"),
@@ -55,7 +54,7 @@ SWITCHES = [
 #: (alpha, the draft's confidence tells, the share of decodes another process slows
 #: tenfold, the calibration's T(1) over the loop's): "s", a machine that is not idle;
 #: "m", a calibration that put T(1) 20% too high (taken on a busy machine).
-WORKLOADS = [(alpha, informative, 0.0, 1.0) for informative in (True, False)
+WORKLOADS: list[Workload] = [(alpha, informative, 0.0, 1.0) for informative in (True, False)
              for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)] + [
     (0.75, True, 0.03, 1.0), (0.85, True, 0.03, 1.0),
     (0.65, True, 0.0, 1.2), (0.75, True, 0.0, 1.2)]
@@ -74,26 +73,40 @@ def calls(texts: list[Text], tuning: AutoTuning, spikes: float = 0.0,
                                     spikes=spikes) for s, t in enumerate(texts))
 
 
-def main(extra: list[str]) -> None:
+def workload_name(w: Workload) -> str:
+    """'0.75c', '0.85cs', '0.65cm': alpha, then c/n, s (slowed decodes), m (calibration off)."""
+    alpha, informative, spikes, t1_off = w
+    return (f"{alpha:.2f}{'c' if informative else 'n'}{'s' if spikes else ''}"
+            f"{'m' if t1_off != 1 else ''}")
+
+
+def switch_row(label: str, spec: str, switched: Sequence[float], full: Sequence[float]) -> str:
+    """A switch's row: each workload's speedup relative to the full policy's, then the
+    worst and the best of them."""
+    rel = [s / f - 1 for s, f in zip(switched, full, strict=True)]
+    cells = " | ".join(f"{r:+.1%}" for r in rel)
+    return f"| {label} (`{spec}`) | {cells} | {min(rel):+.1%} | {max(rel):+.1%} |"
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("switch", nargs="*", help="an extra row, LABEL:AutoTuning spec")
+    extra = p.parse_args().switch
     switches = SWITCHES + [tuple(arg.split(":", 1)) for arg in extra]  # type: ignore[misc]
     texts = {w: texts_for(w[0], w[1], count=24) for w in WORKLOADS}
-    full = {w: calls(texts[w], AutoTuning(), w[2], w[3]) for w in WORKLOADS}
-    best = {w: max(1.0, *fixed_speedups(texts[w], spikes=w[2]).values()) for w in WORKLOADS}
-    names = [f"{a:.2f}{'c' if i else 'n'}{'s' if s else ''}{'m' if off != 1 else ''}"
-             for a, i, s, off in WORKLOADS]
-    print("| switch (AutoTuning) | " + " | ".join(names) + " | worst | best |")
-    print("| --- |" + " ---: |" * (len(names) + 2))
-    print("| full policy, x target alone | " + " | ".join(f"{full[w]:.3f}" for w in WORKLOADS)
+    full = [calls(texts[w], AutoTuning(), w[2], w[3]) for w in WORKLOADS]
+    best = [max(1.0, *fixed_speedups(texts[w], spikes=w[2]).values()) for w in WORKLOADS]
+    print("| switch (AutoTuning) | " + " | ".join(map(workload_name, WORKLOADS))
+          + " | worst | best |")
+    print("| --- |" + " ---: |" * (len(WORKLOADS) + 2))
+    print("| full policy, x target alone | " + " | ".join(f"{x:.3f}" for x in full) + " | | |")
+    print("| best fixed k (or 1), x target alone | " + " | ".join(f"{x:.3f}" for x in best)
           + " | | |")
-    print("| best fixed k (or 1), x target alone | "
-          + " | ".join(f"{best[w]:.3f}" for w in WORKLOADS) + " | | |")
     for label, spec in switches:
         tuning = AutoTuning.parse(spec)
-        rel = [calls(texts[w], tuning, w[2], w[3]) / full[w] - 1 for w in WORKLOADS]
-        cells = " | ".join(f"{r:+.1%}" for r in rel)
-        print(f"| {label} (`{spec}`) | {cells} | {min(rel):+.1%} | {max(rel):+.1%} |",
-              flush=True)
+        switched = [calls(texts[w], tuning, w[2], w[3]) for w in WORKLOADS]
+        print(switch_row(label, spec, switched, full), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

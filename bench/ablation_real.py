@@ -1,8 +1,8 @@
 """auto's mechanisms switched off in turn on a real pair: `specllama bench` runs of the
 target alone and auto, one per switch and repetition, repetitions interleaved.
 
-    python bench/ablation_real.py --pair smollm2-f32 --temperature 0 --reps 3
-    python bench/ablation_real.py --pair smollm2 --switch "no spike cap:spike=1e9,spike_first=1e9"
+    python -m bench.ablation_real --pair smollm2-f32 --temperature 0 --reps 3
+    python -m bench.ablation_real --pair smollm2 --switch "no spike cap:spike=1e9,spike_first=1e9"
 
 Each run sets SPECLLAMA_AUTO_TUNING (bench/README.md) for one switch; its figure is auto's
 speedup over the target alone in the same run (the bench's geometric mean over the
@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from bench.common import SPECLLAMA, Spread, add_pair_options, add_run_options, model_flags, parser
+from bench.common import run as run_script
 
 SWITCHES = [
     ("full policy", ""),
@@ -31,56 +34,58 @@ SWITCHES = [
     ("no spike cap", "spike=1e9,spike_first=1e9"),
     ("no averaging of first decodes", "average_first=0"),
     ("no plain reference rounds", "reference_every=1000000000"),
-    ("hybrid: decline a lookup on any advantage", "decline_margin=0"),
+    ("lookup,model: decline a lookup on any advantage", "decline_margin=0"),
 ]
 
 
-def run(pair: str, temperature: float, max_tokens: int, seed: int, spec: str,
-        out: Path) -> float:
+def auto_ratio(report: dict[str, Any]) -> float:
+    """auto / target alone in a `specllama bench --json` report."""
+    return float(report["summary"]["overall"]["auto"]["vs_target_geomean"])
+
+
+def run(args: argparse.Namespace, seed: int, spec: str, out: Path) -> float:
     """auto / target alone in one bench run with this tuning."""
     env = dict(os.environ, SPECLLAMA_AUTO_TUNING=spec)
     subprocess.run(
-        [sys.executable, "-c", "from specllama.cli import main; main()", "bench",
-         "--pair", pair, "--modes",
-         "target,auto", "--reps", "1", "--max-tokens", str(max_tokens), "--temperature",
-         str(temperature), "--seed", str(seed), "--threads", "2", "--json", str(out)],
+        [*SPECLLAMA, "bench", *model_flags(args), "--modes", "target,auto", "--reps", "1",
+         "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
+         "--seed", str(seed), "--threads", str(args.threads), "--json", str(out)],
         env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    ratio = json.loads(out.read_text())["summary"]["overall"]["auto"]["vs_target_geomean"]
-    return float(ratio)
+    return auto_ratio(json.loads(out.read_text()))
+
+
+def table(switches: list[tuple[str, str]], ratios: dict[str, list[float]]) -> list[str]:
+    """Per switch: auto / target alone over the repetitions, and its median against the
+    full policy's."""
+    full = Spread.of(ratios["full policy"]).median
+    out = ["| switch | auto / target min / median / max | median vs full |", "| --- | --- | ---: |"]
+    for label, spec in switches:
+        s = Spread.of(ratios[label])
+        name = f"{label} (`{spec}`)" if spec else label
+        out.append(f"| {name} | {s.slashed()} | {s.median / full - 1:+.1%} |")
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="smollm2-f32")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--switch", action="append", default=[],
-                    help="an extra row, LABEL:AutoTuning spec")
-    args = ap.parse_args()
+    p = parser(__doc__)
+    add_pair_options(p)
+    add_run_options(p, reps=3, max_tokens=128, temperature=0.0)
+    p.add_argument("--switch", action="append", default=[],
+                   help="an extra row, LABEL:AutoTuning spec")
+    args = p.parse_args()
     switches = SWITCHES + [tuple(s.split(":", 1)) for s in args.switch]
     ratios: dict[str, list[float]] = {label: [] for label, _ in switches}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for label, spec in switches:
-                out = Path(tmp) / "run.json"
-                ratios[label].append(run(args.pair, args.temperature, args.max_tokens,
-                                         rep, spec, out))
+                ratios[label].append(run(args, rep, spec, Path(tmp) / "run.json"))
                 print(f"rep {rep + 1} {label}: {ratios[label][-1]:.3f}x", file=sys.stderr,
                       flush=True)
-    full = statistics.median(ratios["full policy"])
-    print(f"{args.pair}, T = {args.temperature}, {args.reps} repetitions, "
+    print(f"{args.target or args.pair}, T = {args.temperature}, {args.reps} repetitions, "
           f"{args.max_tokens} tokens")
-    print("| switch | auto / target min / median / max | median vs full |")
-    print("| --- | --- | ---: |")
-    for label, spec in switches:
-        xs = ratios[label]
-        med = statistics.median(xs)
-        name = f"{label} (`{spec}`)" if spec else label
-        print(f"| {name} | {min(xs):.3f} / {med:.3f} / {max(xs):.3f} | "
-              f"{med / full - 1:+.1%} |")
+    print("\n".join(table(switches, ratios)))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -15,15 +15,15 @@ which reads each prompt's new part before its first draft of a request):
 - replays without an oracle: lookups as specllama makes them (the longest n-gram that
   occurred before, the tokens after its last occurrence, up to k), else a model draft
   while the draft model's confidence stays >= theta (up to k); the best of a grid.
-- specllama itself (auto, hybrid, drafting from earlier outputs), timed in the same
+- specllama itself (auto, lookup,model, drafting from earlier outputs), timed in the same
   process against the target alone.
 
 Costs are priced twice: as calibrated (each model timed alone), and as auto's loop
 learnt them while it ran the sequence (a target decode after a draft and a draft step
 after a target decode cost more: docs/performance.md), with its overhead per round.
 
-    python bench/ceiling.py --pair smollm2-f32 --prompts requests --max-tokens 96
-    python bench/ceiling.py --pair smollm2 --prompts requests --from 3
+    python -m bench.ceiling --pair smollm2-f32 --prompts requests --max-tokens 96
+    python -m bench.ceiling --pair smollm2 --prompts requests --from 3
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from specllama.engine.lookup import NgramIndex
+from bench.common import add_pair_options, add_run_options, load_decoder, parser, run
+from specllama.engine.drafting.ngram import NgramIndex
 
 K_MAX = 15  # drafts a round: the target's curve is calibrated up to 16 tokens
 
@@ -110,6 +112,13 @@ def oracle(requests: Sequence[Request], first: int, m: int | None, history: bool
     return seconds
 
 
+def propose(index: NgramIndex, k: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix
+    that occurred before (none without one): what a context lookup drafts."""
+    found = index.match() if k > 0 else None
+    return index.continuation(found[0], k) if found is not None else []
+
+
 def replay(requests: Sequence[Request], first: int, history: bool, m: int | None,
            theta: float | None, k_copy: int, k_model: int, costs: Costs) -> float:
     """Seconds over requests[first:] of a drafter without an oracle: a lookup chain of
@@ -129,7 +138,7 @@ def replay(requests: Sequence[Request], first: int, history: bool, m: int | None
         lookup.extend(r.prompt)
         out, i, behind = r.output, 0, r.fresh
         while i < len(out):
-            drafted = lookup.propose(min(k_copy, len(out) - i)) if m is not None else []
+            drafted = propose(lookup, min(k_copy, len(out) - i)) if m is not None else []
             model_s = 0.0
             if not drafted and theta is not None:
                 limit, j = min(k_model, len(out) - i), 0
@@ -176,64 +185,57 @@ def best_replay(requests: Sequence[Request], first: int, history: bool, lookups:
     return best, how.strip()
 
 
-def main() -> None:
-    from specllama import SamplingParams, SpeculativeDecoder
-    from specllama.cli.bench.prompts import builtin_prompts
-    from specllama.engine.draftcache import HISTORY_TOKENS
-    from specllama.engine.suffixcache import SuffixArchive
-    from specllama.models.config import find_and_load_config
-    from specllama.models.sources import resolve_pair
-    from specllama.policy.calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
-    from specllama.policy.state import AutoState
+def arguments() -> argparse.ArgumentParser:
+    p = parser(__doc__)
+    add_pair_options(p)
+    add_run_options(p, max_tokens=96)
+    p.add_argument("--prompts", default="requests",
+                   help="a built-in prompt set or a prompts file (default: %(default)s)")
+    p.add_argument("--from", dest="first", type=int, default=3,
+                   help="the first request counted (1-based; default 3)")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="keep the KV caches from request to request, as `specllama serve` "
+                   "does (the draft model then lacks only a prompt's new part)")
+    return p
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="smollm2-f32")
-    ap.add_argument("--prompts", default="requests", help="a built-in prompt set")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--from", dest="first", type=int, default=3,
-                    help="the first request counted (1-based; default 3)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--keep-cache", action="store_true",
-                    help="keep the KV caches from request to request, as `specllama serve` "
-                    "does (the draft model then lacks only a prompt's new part)")
-    args = ap.parse_args()
-    first = args.first - 1
 
-    target_path, draft_path = resolve_pair(find_and_load_config().pair(args.pair))
-    dec = SpeculativeDecoder.load(target_path, draft_path, n_ctx=4096,
-                                  n_threads=args.threads)
-    target, draft = dec.target, dec.draft
-    assert draft is not None, "the pair needs a draft model"
-    curve = calibrate(target, TARGET_MAX_N).curve
-    draft_curve = calibrate(draft, DRAFT_MAX_N, rows="last").curve
-    greedy = SamplingParams(temperature=0.0)
-    prompts = [target.prompt(p.prompt, chat=p.chat) for p in builtin_prompts(args.prompts)]
-    dec.generate(prompts[0], max_tokens=8, draft_max="auto", sampling=greedy)  # warm
+@dataclass
+class Measured:
+    """What the models said: each request's target answer and the draft model's view of
+    it, the costs calibrated and as auto's loop learnt them, and auto timed."""
 
-    def run(draft_max: int | str) -> tuple[list[list[int]], float, list[int]]:
-        """Outputs, generation seconds over the counted requests, and the tokens the
-        draft model drafted in each request, of one sequence."""
-        dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
-        outputs, seconds, by_model = [], 0.0, []
-        for index, prompt in enumerate(prompts):
-            result = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=draft_max,
-                                  sampling=greedy, keep_cache=args.keep_cache)
-            outputs.append(result.tokens)
-            seconds += result.stats.generate_s if index >= first else 0.0
-            stats = result.stats
-            by_model.append(stats.drafted - sum(stats.origin_drafted.values()))
-        return outputs, seconds, by_model
+    requests: list[Request]
+    calibrated: Costs
+    learnt: Costs
+    alone_s: float
+    auto_s: float
+    model_drafts: list[int]
 
-    outputs, alone_s, _ = run(0)
-    auto_outputs, auto_s, model_drafts = run("auto")
-    for index, (mine, theirs) in enumerate(zip(auto_outputs, outputs)):
-        if mine != theirs:  # a near-tie that batched and single-token kernels break apart
-            at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
-                      min(len(mine), len(theirs)))
-            print(f"note: auto's answer {index + 1} parts from the target alone's at token "
-                  f"{at} (a near-tie: float noise between batched and single decodes)")
-    loop = AutoState.for_decoder(dec).loop
 
+def sequence(dec: Any, prompts: list[list[int]], args: argparse.Namespace,
+             draft_max: int | str) -> tuple[list[list[int]], float, list[int]]:
+    """Outputs, generation seconds over the counted requests, and the tokens the draft
+    model drafted in each request, of one sequence."""
+    from specllama import SamplingParams
+    from specllama.engine.drafting.draftcache import HISTORY_TOKENS
+    from specllama.engine.drafting.suffixcache import SuffixArchive
+
+    dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
+    outputs, seconds, by_model = [], 0.0, []
+    for index, prompt in enumerate(prompts):
+        result = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=draft_max,
+                              sampling=SamplingParams(temperature=0.0),
+                              keep_cache=args.keep_cache)
+        outputs.append(result.tokens)
+        seconds += result.stats.generate_s if index >= args.first - 1 else 0.0
+        stats = result.stats
+        by_model.append(stats.drafted - sum(stats.origin_drafted.values()))
+    return outputs, seconds, by_model
+
+
+def read_requests(draft: Any, prompts: list[list[int]], outputs: list[list[int]],
+                  ) -> list[Request]:
+    """Each answer as the draft model reads it, given the exact prefix."""
     requests: list[Request] = []
     for prompt, output in zip(prompts, outputs):
         draft.clear()
@@ -247,51 +249,101 @@ def main() -> None:
                       min(len(prompt), len(last)))
         requests.append(Request(prompt, list(output), len(prompt) - shared, by_model,
                                 confidence))
-    dec.close()
+    return requests
 
-    counted = requests[first:]
+
+def measure(args: argparse.Namespace) -> Measured:
+    from specllama import SamplingParams
+    from specllama.cli.bench.prompts import load_prompts
+    from specllama.policy.calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
+    from specllama.policy.state import AutoState
+
+    dec = load_decoder(args, n_ctx=4096, need_draft=True)
+    target, draft = dec.target, dec.draft
+    curve = calibrate(target, TARGET_MAX_N).curve
+    draft_curve = calibrate(draft, DRAFT_MAX_N, rows="last").curve
+    prompts = [target.prompt(p.prompt, chat=p.chat) for p in load_prompts(args.prompts)]
+    dec.generate(prompts[0], max_tokens=8, draft_max="auto",
+                 sampling=SamplingParams(temperature=0.0))  # warm
+    outputs, alone_s, _ = sequence(dec, prompts, args, 0)
+    auto_outputs, auto_s, model_drafts = sequence(dec, prompts, args, "auto")
+    for index, (mine, theirs) in enumerate(zip(auto_outputs, outputs)):
+        if mine != theirs:  # a near-tie that batched and single-token kernels break apart
+            at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                      min(len(mine), len(theirs)))
+            print(f"note: auto's answer {index + 1} parts from the target alone's at token "
+                  f"{at} (a near-tie: float noise between batched and single decodes)")
+    loop = AutoState.for_decoder(dec).loop
+    requests = read_requests(draft, prompts, outputs)
+    dec.close()
+    return Measured(requests, Costs(curve.t, draft_curve.t(1), draft_curve.t),
+                    Costs(loop.t, loop.draft_step,
+                          lambda n: loop.catch_up_s(n) + loop.draft_step,
+                          loop.overhead, loop.draft_wake),
+                    alone_s, auto_s, model_drafts)
+
+
+def describe(m: Measured, first: int) -> list[str]:
+    """The costs, how often the draft model is right, and auto as measured."""
+    counted = m.requests[first:]
     n_tokens = sum(len(r.output) for r in counted)
-    calibrated = Costs(curve.t, draft_curve.t(1), draft_curve.t)
-    learnt = Costs(loop.t, loop.draft_step, lambda n: loop.catch_up_s(n) + loop.draft_step,
-                   loop.overhead, loop.draft_wake)
-    print(f"{args.pair}, {args.prompts}: requests {args.first}-{len(requests)}, {n_tokens} "
-          "tokens")
-    for name, c in (("calibrated", calibrated), ("as the loop learnt them", learnt)):
-        print(f"  costs {name}: T(1) {c.t(1) * 1e3:.1f} ms, T(2) {c.t(2) / c.t(1):.2f}, "
-              f"T(4) {c.t(4) / c.t(1):.2f}, T(8) {c.t(8) / c.t(1):.2f}, draft step "
-              f"{c.draft_step / c.t(1):.2f}, wake {c.wake / c.t(1):.2f}, ours a round "
-              f"{c.round / c.t(1):.2f} T(1)")
+    out = []
+    for name, c in (("calibrated", m.calibrated), ("as the loop learnt them", m.learnt)):
+        out.append(f"  costs {name}: T(1) {c.t(1) * 1e3:.1f} ms, T(2) {c.t(2) / c.t(1):.2f}, "
+                   f"T(4) {c.t(4) / c.t(1):.2f}, T(8) {c.t(8) / c.t(1):.2f}, draft step "
+                   f"{c.draft_step / c.t(1):.2f}, wake {c.wake / c.t(1):.2f}, ours a round "
+                   f"{c.round / c.t(1):.2f} T(1)")
     share = sum(sum(r.by_model) for r in counted) / n_tokens
     fresh = sum(r.fresh for r in counted) / len(counted)
-    print(f"  the draft model's argmax is the target's token at {share:.0%} of positions; "
-          f"it reads {fresh:.0f} new prompt tokens a request")
-    print(f"  specllama auto (hybrid), measured: {alone_s / auto_s:.2f}x the target alone "
-          f"({n_tokens / auto_s:.1f} against {n_tokens / alone_s:.1f} tok/s); the draft "
-          f"model drafted {' '.join(map(str, model_drafts))} tokens, request by request")
+    out.append(f"  the draft model's argmax is the target's token at {share:.0%} of "
+               f"positions; it reads {fresh:.0f} new prompt tokens a request")
+    out.append(f"  specllama auto (lookup,model), measured: {m.alone_s / m.auto_s:.2f}x the target "
+               f"alone ({n_tokens / m.auto_s:.1f} against {n_tokens / m.alone_s:.1f} tok/s); "
+               f"the draft model drafted {' '.join(map(str, m.model_drafts))} tokens, "
+               "request by request")
+    return out
 
-    bounds: list[tuple[str, int | None, bool, bool]] = [("draft model alone", None, False,
-                                                         True)]
-    for n in (1, 2, 3):
-        bounds += [(f"copies, context, m >= {n}", n, False, False),
-                   (f"copies, context, + model, m >= {n}", n, False, True),
-                   (f"copies, context and history, m >= {n}", n, True, False),
-                   (f"copies, context and history, + model, m >= {n}", n, True, True)]
-    for name, c in (("calibrated", calibrated), ("as the loop learnt them", learnt)):
-        alone = n_tokens * c.of(0, 0)
+
+#: The oracle's bounds: (label, m, history, model).
+BOUNDS: list[tuple[str, int | None, bool, bool]] = [
+    ("draft model alone", None, False, True),
+    *((f"copies, {seen}{', + model' if model else ''}, m >= {n}", n, history, model)
+      for n in (1, 2, 3)
+      for seen, history in (("context", False), ("context and history", True))
+      for model in (False, True))]
+#: The replays: (label, history, lookups, model).
+REPLAYS = (("draft model alone", False, False, True),
+           ("lookups, context", False, True, False),
+           ("lookups, context, + model", False, True, True),
+           ("lookups, context and history", True, True, False),
+           ("lookups, context and history, + model", True, True, True))
+
+
+def bounds(requests: Sequence[Request], first: int, c: Costs) -> list[str]:
+    """Every oracle bound and best replay at costs c, as speedups over the target alone."""
+    alone = sum(len(r.output) for r in requests[first:]) * c.of(0, 0)
+    out = ["  the oracle (drafts stop exactly where the target disagrees):"]
+    for label, m, history, model in BOUNDS:
+        out.append(f"    {label:<46} {alone / oracle(requests, first, m, history, model, c):5.2f}x")
+    out.append("  replayed without an oracle (the best of a grid):")
+    for label, history, lookups, model in REPLAYS:
+        seconds, how = best_replay(requests, first, history, lookups, model, c)
+        out.append(f"    {label:<46} {alone / seconds:5.2f}x  ({how})")
+    return out
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    m = measure(args)
+    first = args.first - 1
+    n_tokens = sum(len(r.output) for r in m.requests[first:])
+    print(f"{args.target or args.pair}, {args.prompts}: requests {args.first}-"
+          f"{len(m.requests)}, {n_tokens} tokens")
+    print("\n".join(describe(m, first)))
+    for name, c in (("calibrated", m.calibrated), ("as the loop learnt them", m.learnt)):
         print(f"costs {name}; x the target alone at the same costs")
-        print("  the oracle (drafts stop exactly where the target disagrees):")
-        for label, m, history, model in bounds:
-            print(f"    {label:<46} {alone / oracle(requests, first, m, history, model, c):5.2f}x")
-        print("  replayed without an oracle (the best of a grid):")
-        for label, history, lookups, model in (
-                ("draft model alone", False, False, True),
-                ("lookups, context", False, True, False),
-                ("lookups, context, + model", False, True, True),
-                ("lookups, context and history", True, True, False),
-                ("lookups, context and history, + model", True, True, True)):
-            seconds, how = best_replay(requests, first, history, lookups, model, c)
-            print(f"    {label:<46} {alone / seconds:5.2f}x  ({how})")
+        print("\n".join(bounds(m.requests, first, c)))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

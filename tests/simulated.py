@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 import statistics
 
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning, FixedDraftLength, RoundOutcome
+from specllama.engine.drafting.base import ModelWork, Source
+from specllama.engine.loop.events import RoundVerified
+from specllama.policy import AutoDraftLength, AutoState, AutoTuning, FixedDraftLength
 from specllama.policy.calibration import CostCurve
 
 #: Measured in the round loop on the F32 pair (AMD EPYC, 2 threads, contexts of 100-300
@@ -71,12 +73,30 @@ def simulate(policy, text: Text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=
             paused.append(i)
             behind += 1
         seconds = target_s + draft_s + (0.4 + 0.5 * k) * 1e-3
-        policy.observe(RoundOutcome(k, m, "model", target_s, draft_s, seconds, shadow,
+        policy.observe(outcome(k, m, "model", target_s, draft_s, seconds, shadow,
                                     steps_s, behind, caught_up,
                                     tuple(c for _, c in text[i : i + k]), rows))
         i += m + 1
         total += seconds
     return n * (loop_ms[0] + 0.4) * 1e-3 * (1 + 9 * spikes) / total
+
+
+def outcome(k: int, accepted: int, source: Source = "model", target_s: float = 0.0,
+            draft_s: float = 0.0, seconds: float = 0.0, shadow: tuple[float, ...] = (),
+            draft_steps_s: float = 0.0, draft_behind: int = 0, draft_caught_up: int = 0,
+            confidences: tuple[float, ...] = (), draft_rows: int = 0,
+            forced: int = 0) -> RoundVerified:
+    """The record of a round a policy sees: k drafts after `forced` forced ones (all
+    accepted), `accepted` of the k accepted, and what it cost."""
+    origin = "model" if source == "model" else "context"
+    return RoundVerified(
+        drafted=(0,) * (forced + k), origins=("forced",) * forced + (origin,) * k,
+        accepted=forced + accepted, token=0,
+        kind="plain" if forced + k == 0 else "bonus" if accepted == k else "correction",
+        emitted=forced + accepted + 1, p=(), q=(), source=source, draft_s=draft_s,
+        target_s=target_s, seconds=seconds, confidences=confidences,
+        work=ModelWork(draft_rows, draft_steps_s, draft_caught_up, shadow),
+        behind=draft_behind)
 
 
 def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256) -> list[Text]:

@@ -4,9 +4,10 @@ switching it or moving its number; AutoTuning from the environment; the stats' l
 import json
 
 import pytest
+from simulated import outcome
 
 from specllama.errors import InvalidParameterError
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning, RoundOutcome
+from specllama.policy import AutoDraftLength, AutoState, AutoTuning
 from specllama.policy.acceptance import AcceptanceEstimate
 from specllama.policy.calibration import CostCurve
 from specllama.policy.costs import decide, expected_tokens
@@ -50,7 +51,7 @@ def probes_in(policy: AutoDraftLength, rounds: int) -> int:
     for _ in range(rounds):
         k = policy.choose("model")
         probes += k > 0
-        policy.observe(RoundOutcome(k, 0, "model", 0.0, 0.0))
+        policy.observe(outcome(k, 0, "model", 0.0, 0.0))
     return probes
 
 
@@ -123,7 +124,7 @@ def predicted_after_one_round(confidence_rounds: int) -> tuple[float, float, flo
     policy = AutoDraftLength(st)
     policy.choose("model")
     costs, sure = st.costs("model"), st.confidence.rate(0.95)
-    policy.observe(RoundOutcome(2, 2, "model", 0.05, 0.008, confidences=(0.95, 0.95)))
+    policy.observe(outcome(2, 2, "model", 0.05, 0.008, confidences=(0.95, 0.95)))
     alone = costs.round_s(0) / costs.round_s(2)
     return (policy.predicted_speedup(), expected_tokens(0.5, 2) * alone,
             expected_tokens(sure, 2) * alone)
@@ -153,7 +154,7 @@ def resumes_after(behind: int, tuning: AutoTuning = DEFAULT,
     seen_at(st, 0.0)
     policy = AutoDraftLength(st)
     assert policy.choose("model") == 0
-    policy.observe(RoundOutcome(0, 0, "model", 0.0, 0.0, draft_behind=behind))
+    policy.observe(outcome(0, 0, "model", 0.0, 0.0, draft_behind=behind))
     lo, hi = 0.0, 1.0
     for _ in range(40):  # the acceptance at which the best k gives 1.06x
         mid = (lo + hi) / 2

@@ -39,6 +39,20 @@ def test_parse_modes():
             parse_modes(bad)
 
 
+def test_parse_modes_with_their_own_drafters():
+    modes = parse_modes("target,auto@lookup>model, 4@lookup+model,auto,context@lookup,"
+                        "target@model")
+    assert [m.name for m in modes] == ["target", "auto@lookup>model", "k=4@lookup+model",
+                                       "auto", "context@lookup"]
+    assert (modes[1].draft_max, modes[1].drafters) == ("auto", ("lookup>model",))
+    assert (modes[2].draft_max, modes[2].drafters) == (4, ("lookup", "model"))
+    assert modes[3].drafters is None  # the run's --drafters
+    assert modes[4].suffix_cache is False and modes[4].drafters == ("lookup",)
+    for bad in ("auto@", "auto@magic", "2@model+model", "auto@lookup>model+model"):
+        with pytest.raises(InvalidParameterError):
+            parse_modes(bad)
+
+
 def test_parse_prompts_jsonl_and_lines():
     jsonl = '{"id": "a", "prompt": "hi", "category": "chat"}\n\n# note\n"plain string"\n'
     ps = parse_prompts(jsonl)
@@ -146,6 +160,30 @@ def test_run_bench_rejects_bad_input(tiny_target):
     with pytest.raises(InvalidParameterError):
         run_bench(dec, [BenchPrompt("a", "x")], parse_modes("target"), reps=0)
     dec.close()
+
+
+def test_a_mode_drafts_with_its_own_drafters(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
+    try:
+        rep = run_bench(dec, [BenchPrompt("a", "the cat sat on the")],
+                        parse_modes("2@model,2@lookup"), reps=1, max_tokens=12, warmup=False,
+                        sampling=SamplingParams(temperature=0.0, seed=1), max_foreign=None)
+    finally:
+        dec.close()
+    by_mode = {r["mode"]: r for r in rep["runs"]}
+    model, lookup = by_mode["k=2@model"], by_mode["k=2@lookup"]
+    assert model["drafted"] > 0 and sum(model["origin_drafted"].values()) == 0
+    assert lookup["drafted"] == sum(lookup["origin_drafted"].values())  # copies only
+    assert [m["drafters"] for m in rep["modes"]] == [("model",), ("lookup",)]
+
+
+def test_a_mode_whose_drafters_the_pair_lacks_fails_before_running(tiny_target):
+    dec = SpeculativeDecoder.load(tiny_target, "lookup", n_ctx=256, n_threads=1)
+    try:
+        with pytest.raises(InvalidParameterError, match="need a draft model"):
+            run_bench(dec, [BenchPrompt("a", "x")], parse_modes("target,auto@model"))
+    finally:
+        dec.close()
 
 
 # ----------------------------------------------------------------------------- the command

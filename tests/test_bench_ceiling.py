@@ -1,19 +1,12 @@
 """bench/ceiling.py's pricing without models: which tokens a lookup could copy, the
 oracle's cheapest schedule, and that no replayed drafter beats the oracle."""
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-_path = Path(__file__).resolve().parents[1] / "bench" / "ceiling.py"
-_spec = importlib.util.spec_from_file_location("bench_ceiling", _path)
-assert _spec is not None and _spec.loader is not None
-ceiling = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = ceiling  # (its dataclasses look their module up)
-_spec.loader.exec_module(ceiling)
+from bench import ceiling
+from specllama.engine.drafting.ngram import NgramIndex
 
 
 def flat(n: int) -> float:
@@ -33,6 +26,18 @@ def test_a_token_is_copyable_where_its_predecessors_were_followed_by_it_before()
     assert ceiling.copyable(seen, text, 3, 2) == [False, False, False]  # (4, 1) -> 2: new
     assert ceiling.copyable([4, 1, 2], text, 3, 2) == [False, False, True]
     assert ceiling.copyable([], [5, 6, 5, 6, 5], 2, 2) == [False, False, True]
+
+
+def test_a_context_lookup_proposes_what_followed_the_longest_earlier_match():
+    index = NgramIndex(2)
+    index.extend([1, 2, 3, 4, 9, 1, 2, 3])
+    assert ceiling.propose(index, 2) == [4, 9]
+    assert ceiling.propose(index, 0) == []
+    index.extend([7])  # (3, 7) never occurred
+    assert ceiling.propose(index, 3) == []
+    repeating = NgramIndex(2)
+    repeating.extend([5, 6, 5, 6])
+    assert ceiling.propose(repeating, 5) == [5, 6, 5, 6, 5]  # the period goes on
 
 
 def test_the_oracle_drafts_known_runs_whole_and_plain_steps_the_rest():

@@ -1,16 +1,10 @@
 """bench/llamacpp.py without building llama.cpp: parsing the tools' output, captured from
 the llama.cpp of llama-cpp-python 0.3.36, and the summary."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_path = Path(__file__).resolve().parents[1] / "bench" / "llamacpp.py"
-_spec = importlib.util.spec_from_file_location("bench_llamacpp", _path)
-assert _spec is not None and _spec.loader is not None
-lcpp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lcpp)
+from bench import llamacpp as lcpp
+from bench.llamacpp_build import corpus_texts, no_amx_flags, numbers
 
 # The end of llama-speculative-simple's stderr (SmolLM2-135M Q4_1 drafted by its Q4_0,
 # -n 16 --spec-draft-n-max 3 --temp 0, -t 2 on a busy 2-core machine, hence the speed).
@@ -107,3 +101,36 @@ def test_summarize_picks_the_best_settings():
     assert s["per_prompt"]["a"]["llamacpp_acceptance"] == 0.8
     assert s["overall"]["auto_vs_llamacpp_spec"] == pytest.approx(33.0 / 15.0)
     assert s["llama_bench_tg"] == 29.0
+
+
+def test_a_cpu_with_amx_builds_without_llama_cpps_amx_kernels():
+    assert no_amx_flags("flags : fpu sse avx2 amx_tile amx_int8 amx_bf16") == [
+        "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+        "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"]
+    assert no_amx_flags("flags : fpu sse avx2") == []
+
+
+def test_sweeps_are_comma_separated_numbers():
+    assert numbers("2,3,4", int) == [2, 3, 4]
+    assert numbers("0,0.75") == [0.0, 0.75]
+    assert numbers("") == []  # no draft-model contenders at all
+
+
+def test_the_corpus_is_its_text_files_in_order_without_hidden_ones(tmp_path):
+    (tmp_path / "b.txt").write_text("second")
+    (tmp_path / "a.md").write_text("first")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("hidden")
+    (tmp_path / "blob.bin").write_bytes(b"\0\1\2")
+    single = tmp_path / "b.txt"
+    assert corpus_texts([tmp_path]) == ["first", "second"]
+    assert corpus_texts([single]) == ["second"]
+
+
+def test_specllama_bench_runs_with_the_same_pair_and_drafters():
+    args = lcpp.arguments().parse_args(["--pair", "smollm2", "--reps", "1"])
+    assert args.drafters == "model"  # like for like: llama.cpp's tool drafts with the model
+    cmd = lcpp.specllama_cmd(args, lcpp.Path("p.jsonl"), 0.8, 3, lcpp.Path("o.json"))
+    assert cmd[cmd.index("--pair") + 1] == "smollm2"
+    assert cmd[cmd.index("--drafters") + 1] == "model"
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--temperature") + 1] == "0.8"

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specllama.engine.cachefile import Stored, fingerprint, load, save
+from specllama.engine.drafting.cachefile import Stored, fingerprint, load, save
 
 FP = "0123456789abcdef"
 

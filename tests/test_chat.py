@@ -48,7 +48,7 @@ def settings(n_ctx: int, **over) -> RunSettings:
         temperature=0.0,
         max_tokens=12,
         draft_max=4,
-        draft_mode="model",
+        drafters=("model",),
         n_ctx=n_ctx,
         threads=1,
     )
@@ -286,16 +286,18 @@ def test_set_takes_every_live_setting_of_the_table(open_session):
     s = open_session()
     before = s.settings
     for name in LIVE_SETTINGS:
-        assert s.set(name, str(getattr(before, name)))[0] == name
+        value = getattr(before, name)
+        typed = ",".join(value) if isinstance(value, tuple) else str(value)
+        assert s.set(name, typed)[0] == name
     assert s.settings == before
 
 
-@pytest.mark.parametrize("mode", ["model", "hybrid"])
-def test_set_refuses_model_drafts_without_a_draft_model(open_session, mode):
-    s = open_session(draft="lookup", draft_mode="lookup")
-    with pytest.raises(InvalidParameterError, match=f"draft mode {mode} needs a draft model"):
-        s.set("draft_mode", mode)
-    assert s.settings.draft_mode == "lookup"
+@pytest.mark.parametrize("names", ["model", "hybrid", "lookup>model"])
+def test_set_refuses_model_drafts_without_a_draft_model(open_session, names):
+    s = open_session(draft="lookup", drafters=("lookup",))
+    with pytest.raises(InvalidParameterError, match="need a draft model, but this pair has none"):
+        s.set("drafters", names)
+    assert s.settings.drafters == ("lookup",)
 
 
 def test_set_validates_like_the_config_file(open_session):
@@ -307,7 +309,8 @@ def test_set_validates_like_the_config_file(open_session):
     assert s.set("draft_max", "auto") == ("draft_max", "auto")
     assert s.set("draft_max", "2") == ("draft_max", 2)
     assert s.set("seed", "3")[1] == 3 and s.set("seed", "none")[1] is None
-    assert s.set("draft_mode", "hybrid") == ("draft_mode", "hybrid")
+    assert s.set("drafters", "hybrid") == ("drafters", ("lookup", "model"))
+    assert s.set("draft_mode", "lookup>model") == ("drafters", ("lookup>model",))
     assert s.set("p-min", "0.4") == ("p_min", 0.4) and s.decoder.p_min == 0.4
     assert s.settings.as_dict()["p_min"] == 0.4
     for name, value, fragment in [
@@ -315,7 +318,7 @@ def test_set_validates_like_the_config_file(open_session):
         ("temperature", "warm", "temperature: must be a number"),
         ("max_tokens", "0", "max_tokens: must be >= 1"),
         ("draft_max", "99", "draft_max: must be in [0, 64]"),
-        ("draft_mode", "psychic", "draft_mode: must be one of"),
+        ("drafters", "psychic", "drafters: must be some of lookup, model, lookup>model"),
         ("n_ctx", "100", "restart with --n-ctx"),
         ("temprature", "1", "did you mean temperature"),
         ("top_k", "", "needs a value"),
@@ -586,7 +589,7 @@ def test_the_remote_decoder_keeps_the_engine_process_caches_in_step(tiny_target,
     try:
         tokens = remote.target.tokenize("the cat", add_bos=True, special=True)
         stream = remote.stream(tokens, max_tokens=12, sampling=SamplingParams(temperature=0),
-                               draft_max=3, draft_mode="model")
+                               draft_max=3, drafters=("model",))
         events = list(stream)
         assert stream.result is not None and events
         history = tokens + list(stream.result.tokens)

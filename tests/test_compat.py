@@ -58,7 +58,7 @@ def test_a_draft_that_adds_eos_where_the_target_does_not_is_refused(tiny_model_f
 def test_a_cross_vocabulary_draft_sharing_too_little_is_refused(tiny_target, tiny_draft):
     import numpy as np
 
-    from specllama.engine.crossvocab import VocabMap, check_intersection
+    from specllama.engine.drafting.vocabmap import VocabMap, check_intersection
 
     target, draft = Model(tiny_target, n_ctx=32), Model(tiny_draft, n_ctx=32)
     few = VocabMap(np.arange(5, 9), np.arange(5, 9), draft.n_vocab, target.n_vocab)

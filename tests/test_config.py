@@ -230,11 +230,18 @@ def test_loaded_config_is_immutable(tmp_path):
     assert cfg.pairs == {"qwen7b": cfg.pair("qwen7b")}
 
 
-def test_the_shipped_config_is_valid_and_matches_the_repo_copy():
+def test_the_repository_has_one_models_toml():
+    # The file at the top (what `./models.toml` finds there) is a link to the package's,
+    # which is the real file: a wheel or sdist ships its content, and no copy drifts.
     shipped = packaged_config_path()
     assert shipped == REPO_ROOT / "specllama" / "models.toml"
-    assert shipped.read_text() == (REPO_ROOT / "models.toml").read_text()
+    assert shipped.is_file() and not shipped.is_symlink()
+    top = REPO_ROOT / "models.toml"
+    assert top.is_symlink() and top.resolve() == shipped.resolve()
 
+
+def test_the_shipped_config_is_valid():
+    shipped = packaged_config_path()
     cfg = load_config(shipped)
     smol = cfg.pair()
     assert smol.name == "smollm2"
@@ -369,8 +376,8 @@ DEFAULTS_ERRORS = [
     (
         "temprature = 0.5",
         "temprature: unknown key (did you mean 'temperature'? expected one of: n_ctx, threads, "
-        "corpus, draft_cache, cross_vocab, draft_max, temperature, top_k, top_p, min_p, "
-        "max_tokens, seed, p_min)",
+        "corpus, draft_cache, cross_vocab, draft_max, drafters, temperature, top_k, top_p, "
+        "min_p, max_tokens, seed, p_min)",
     ),
 ]
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from specllama import SamplingParams, SpeculativeDecoder
-from specllama.engine import drafts as drafts_module
 from specllama.engine.constraint import Constraint, ConstraintSpec, masked
+from specllama.engine.drafting import model as drafts_module
 from specllama.engine.llama import Model
 from specllama.engine.sampling import probabilities
 from specllama.errors import ConstraintError
@@ -119,7 +119,7 @@ def test_constrained_drafts_follow_the_masked_target_distribution(pair, name):
     mode, spec = CASES[name]
     exact = exact_constrained(probe, prompt, spec, PARAMS, TOKENS)
     counts, drafted, forced = empirical(dec, prompt, spec, PARAMS, draft_max=3,
-                                        draft_mode=mode)
+                                        drafters=mode)
     assert drafted + forced > RUNS // 2, "too few drafts to test anything"
     if spec is FORCED:
         assert forced >= RUNS  # "1" and "2" proposed in every run
@@ -156,7 +156,7 @@ def test_the_test_rejects_an_unmasked_q(pair, monkeypatch):
     monkeypatch.setattr(drafts_module, "sample", draw_then_unmask)
     exact = exact_constrained(probe, prompt, DIGITS, PARAMS, TOKENS)
     counts, drafted, _ = empirical(dec, prompt, DIGITS, PARAMS, draft_max=3,
-                                   draft_mode="model")
+                                   drafters="model")
     assert drafted > RUNS
     exact.update({k: 1e-12 for k in counts if k not in exact})
     assert fit(counts, exact) < 1e-6
@@ -170,7 +170,7 @@ def test_greedy_constrained_speculation_equals_the_constrained_target_alone(pair
         alone = dec.generate(prompt, max_tokens=12, sampling=greedy, constraint=spec,
                              draft_max=0)
         spec_run = dec.generate(prompt, max_tokens=12, sampling=greedy, constraint=spec,
-                                draft_max=3, draft_mode=mode)
+                                draft_max=3, drafters=mode)
         assert spec_run.tokens == alone.tokens, spec
         assert alone.stats.forced == 0
 
@@ -179,7 +179,7 @@ def test_forced_tokens_are_drafted_and_counted(pair):
     dec, _, prompt = pair
     res = dec.generate(prompt, max_tokens=8, sampling=SamplingParams(temperature=0.0),
                        constraint=ConstraintSpec("regex", "hello world [0-4]{3}"),
-                       draft_max=2, draft_mode="model")
+                       draft_max=2, drafters="model")
     assert res.text.startswith("hello world ")
     assert res.stats.forced >= 2 and res.stats.forced_accepted == res.stats.forced
     assert res.stats.to_dict()["forced"] == res.stats.forced

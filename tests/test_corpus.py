@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specllama.engine import corpus
-from specllama.engine.corpus import CorpusFile, read_corpus
+from specllama.engine.drafting import corpus
+from specllama.engine.drafting.corpus import CorpusFile, read_corpus
 
 FP = "0123456789abcdef"
 

@@ -9,10 +9,10 @@ from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.engine.agreement import measure
-from specllama.engine.crossvocab import CrossVocabDraft
-from specllama.engine.events import RoundVerified, TargetToken, TokensAccepted
+from specllama.engine.checks import measure
+from specllama.engine.drafting.crossvocab import CrossVocabDraft
 from specllama.engine.llama import Model, quantize
+from specllama.engine.loop.events import RoundVerified, TargetToken, TokensAccepted
 from specllama.paths import CACHE_ENV_VAR
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_greedy_output_equals_the_target_alone(dec, gemma_f32):
         base = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=0)
         for k, mode in ((1, "model"), (3, "model"), (4, "hybrid"), ("auto", "hybrid")):
             spec = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=k,
-                                draft_mode=mode, suffix_cache=False)
+                                drafters=mode, suffix_cache=False)
             if spec.tokens != base.tokens:  # only a tie may go either way
                 j = next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)
                 probe.clear()
@@ -87,7 +87,7 @@ def test_the_draft_cache_is_its_own_tokenization_of_the_text_after_every_round(d
         committed = dec.tokenize(prompt)
         rounds = 0
         for event in dec.stream(prompt, max_tokens=48, sampling=SamplingParams(0.8, seed=3),
-                                draft_max=3, draft_mode="model", suffix_cache=False):
+                                draft_max=3, drafters="model", suffix_cache=False):
             if isinstance(event, (TokensAccepted, TargetToken)):
                 committed += list(event.tokens) if isinstance(event, TokensAccepted) \
                     else [event.token]
@@ -109,7 +109,7 @@ def test_the_draft_cache_is_its_own_tokenization_of_the_text_after_every_round(d
 
 def test_sampled_generation_drafts_and_accepts(dec):
     out = dec.generate(PROMPTS[0], max_tokens=96, sampling=SamplingParams(0.8, seed=1),
-                       draft_max=3, draft_mode="model", suffix_cache=False)
+                       draft_max=3, drafters="model", suffix_cache=False)
     assert out.stats.drafted > 30
     assert 0.2 < out.stats.acceptance_rate < 0.95
 
@@ -139,7 +139,7 @@ def test_the_cli_drafts_across_tokenizers(gemma_f32, smollm2_path):
         result = CliRunner().invoke(cli, [
             "generate", PROMPTS[2], "--target", str(gemma_f32), "--draft", str(smollm2_path),
             "--cross-vocab", "--json", "--temperature", "0", "--max-tokens", "24",
-            "--draft-max", draft_max, "--draft-mode", "model",
+            "--draft-max", draft_max, "--drafters", "model",
         ])
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)

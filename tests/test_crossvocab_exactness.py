@@ -26,18 +26,18 @@ import pytest
 from conftest import DRAFT_NOISE
 from test_exactness import exact_joint, goodness_of_fit, lookup_chain_prompt
 
-import specllama.engine.drafts as drafts_module
+import specllama.engine.drafting.model as drafts_module
 from specllama import SamplingParams, SpeculativeDecoder
-from specllama.engine.crossvocab import CrossVocabDraft, VocabMap
-from specllama.engine.events import (
+from specllama.engine.drafting.crossvocab import CrossVocabDraft, VocabMap
+from specllama.engine.llama import Model
+from specllama.engine.llama.kvreport import cache_report
+from specllama.engine.loop.events import (
     DraftProposed,
     Finished,
     RoundVerified,
     TargetToken,
     TokensAccepted,
 )
-from specllama.engine.kvreport import cache_report
-from specllama.engine.llama import Model
 from specllama.paths import CACHE_ENV_VAR, cache_dir
 
 CHAIN_TOKENS = 4
@@ -79,7 +79,7 @@ def cross(own_cache, tiny_target, draft_path):
     """The decoder (model drafts unless told), a probe of the target, and a prompt that
     repeats itself, so that hybrid drafting looks up some rounds and lets the model draft
     the others (test_exactness.py's chain prompt)."""
-    dec = load_pair(tiny_target, draft_path, draft_mode="model")
+    dec = load_pair(tiny_target, draft_path, drafters="model")
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = lookup_chain_prompt(dec, probe, TOP_K3)
     yield dec, probe, prompt
@@ -87,17 +87,23 @@ def cross(own_cache, tiny_target, draft_path):
     dec.close()
 
 
-def sampled_joint(dec, prompt, params: SamplingParams, n: int, runs: int, **kwargs):
+def sampled_joint(dec, prompt, params: SamplingParams, n: int, runs: int,
+                  model_rounds: list[int] | None = None, **kwargs):
     """Counts of the first n tokens over `runs` seeds; drafts and acceptances by source and
-    position (what a test without acceptances could not see)."""
+    position (what a test without acceptances could not see). `model_rounds`, when given,
+    counts the rounds the draft model drafted by their number in a run (0: the first)."""
     counts: dict = {}
     drafted = {"model": [0] * 3, "lookup": [0] * 3}
     accepted = {"model": [0] * 3, "lookup": [0] * 3}
     for seed in range(runs):
         s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+        rounds = 0
         for ev in dec.stream(prompt, max_tokens=n, sampling=s, draft_max=3, keep_cache=True,
                              suffix_cache=False, **kwargs):
             if isinstance(ev, RoundVerified):
+                if model_rounds is not None and ev.source == "model" and ev.k:
+                    model_rounds[rounds] += 1
+                rounds += 1
                 for i in range(len(ev.drafted)):
                     drafted[ev.source][i] += 1
                 for i in range(ev.accepted):
@@ -144,7 +150,7 @@ def test_draft_chains_follow_the_target_distribution(cross, name):
     exact = exact_joint(probe, prompt, TOP_K3, CHAIN_TOKENS)
     assert len(exact) <= 81
     counts, drafted, accepted = sampled_joint(dec, prompt, TOP_K3, CHAIN_TOKENS, CHAIN_RUNS,
-                                              draft_mode=CHAIN_CASES[name])
+                                              drafters=CHAIN_CASES[name])
     if CHAIN_CASES[name] == "model":
         # Third drafts were proposed thousands of times, and often accepted.
         assert drafted["model"][2] > CHAIN_RUNS // 4 and accepted["model"][2] > 50, accepted
@@ -219,10 +225,12 @@ def unrestricted(dec, masses: list[float]):
 WRONG_RULES = {"q not renormalised": unnormalised, "q not restricted": unrestricted}
 
 
+@pytest.mark.parametrize("pair", ["cross", "spm_pair"])
 @pytest.mark.parametrize("wrong", list(WRONG_RULES))
-def test_the_test_rejects_a_wrong_rule(cross, monkeypatch, wrong):
-    """One draft a run: the wrong q changes the law of the first token."""
-    dec, probe, _ = cross
+def test_the_test_rejects_a_wrong_rule(request, monkeypatch, wrong, pair):
+    """One draft a run: the wrong q changes the law of the first token (for the pair
+    below whose draft writes a leading space too)."""
+    dec, probe = request.getfixturevalue(pair)[:2]
     prompt = dec.tokenize(PAIR_PROMPT)
     masses: list[float] = []
     for attr, replacement in WRONG_RULES[wrong](dec, masses).items():
@@ -230,7 +238,8 @@ def test_the_test_rejects_a_wrong_rule(cross, monkeypatch, wrong):
     exact = exact_joint(probe, prompt, T1, 1)
     counts, _, accepted = sampled_joint(dec, prompt, T1, 2, PAIR_RUNS)
     # Drafts were accepted, and the wrong q is far from the right one.
-    assert accepted["model"][0] > PAIR_RUNS // 10 and np.mean(masses) < 0.8, np.mean(masses)
+    far = 0.8 if pair == "cross" else 0.85  # measured: 0.58 and 0.79 for the second pair
+    assert accepted["model"][0] > PAIR_RUNS // 10 and np.mean(masses) < far, np.mean(masses)
     counts = first_tokens(counts)
     for key in counts:
         exact.setdefault(key, 1e-12)
@@ -249,7 +258,7 @@ def test_greedy_output_equals_the_target_alone(cross):
         for k in (1, 2, 3, 4):
             for mode in ("model", "hybrid"):
                 spec = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=k,
-                                    draft_mode=mode, suffix_cache=False)
+                                    drafters=mode, suffix_cache=False)
                 assert spec.tokens == alone, (text, k, mode)
                 drafted += spec.stats.drafted
                 accepted += spec.stats.accepted
@@ -270,7 +279,7 @@ def check_the_draft_cache(dec, prompt, params, mode: str) -> tuple[int, int]:
     bos = [model.bos] if model.adds_bos else []
     rounds = checked = 0
     for ev in dec.stream(prompt, max_tokens=48, sampling=params, draft_max=3,
-                         draft_mode=mode, suffix_cache=False):
+                         drafters=mode, suffix_cache=False):
         if isinstance(ev, TokensAccepted):
             committed += ev.tokens
         elif isinstance(ev, TargetToken):
@@ -336,7 +345,7 @@ def test_text_the_draft_cannot_spell_stops_drafting_not_the_generation(cross):
         alone = dec.generate(prompt, max_tokens=24, sampling=GREEDY, draft_max=0).tokens
         rounds = 0
         for ev in dec.stream(prompt, max_tokens=24, sampling=GREEDY, draft_max=3,
-                             draft_mode="model", suffix_cache=False):
+                             drafters="model", suffix_cache=False):
             if isinstance(ev, RoundVerified):
                 rounds += 1
                 assert dec.drafter.pos_max() == len(dec.drafter.cached) - 1
@@ -355,7 +364,7 @@ NO_BYTES_SCRIPT = textwrap.dedent("""
     import json, sys
     from specllama import SamplingParams, SpeculativeDecoder
     dec = SpeculativeDecoder.load(sys.argv[1], sys.argv[2], n_ctx=256, n_threads=1,
-                                  p_min=0.0, cross_vocab=True, draft_mode="model")
+                                  p_min=0.0, cross_vocab=True, drafters="model")
     out = {}
     for prompt in json.loads(sys.argv[3]):
         res = dec.generate(prompt, max_tokens=32, sampling=SamplingParams(temperature=0.0),
@@ -408,7 +417,7 @@ def test_a_sentencepiece_style_draft_drafts_and_keeps_greedy_output(
     draft, and greedy output stay the target's."""
     options = {"add_bos": True} if adds == "BOS" else {"add_space_prefix": True}
     draft = tiny_model_factory(**{**DRAFT, **options})
-    dec = load_pair(tiny_target, draft, draft_mode="model")
+    dec = load_pair(tiny_target, draft, drafters="model")
     try:
         drafted = 0
         for text in PROMPTS[:3]:
@@ -420,6 +429,93 @@ def test_a_sentencepiece_style_draft_drafts_and_keeps_greedy_output(
         assert drafted > 0 and dec.drafter.lost is None, dec.drafter.lost
     finally:
         dec.close()
+
+
+# ------------------- a SentencePiece target drafted by a SentencePiece draft of another vocabulary
+
+# The draft as Llama 2's tokenizer reads text (BOS, and a space put before the text), for
+# tiny_target as Mistral's does the same: two SentencePiece vocabularies, the ids shuffled,
+# words only either side has, byte tokens on both.
+SPM_DRAFT = {**DRAFT, "add_space_prefix": True, "add_bos": True}
+SPM_CASES = ["the prompt as text", "the conversation in each one's template"]
+
+
+@pytest.fixture(scope="module")
+def spm_pair(own_cache, tiny_target, tiny_model_factory):
+    dec = load_pair(tiny_target, tiny_model_factory(seed=0, **SPM_DRAFT), drafters="model")
+    probe = Model(tiny_target, n_ctx=256, n_threads=1)
+    yield dec, probe
+    probe.close()
+    dec.close()
+
+
+def spm_prompt(dec, text: str, case: str) -> tuple[list[int], list[int] | None]:
+    """The target's prompt and the draft's own (None: it reads the target's), as the
+    command line makes them: raw text, or each model's chat template."""
+    if case == SPM_CASES[0]:
+        return dec.tokenize(text), None
+    return (dec.target.prompt(text, chat=True),
+            dec.draft_prompt_for([{"role": "user", "content": text}]))
+
+
+@pytest.mark.parametrize("case", SPM_CASES)
+def test_a_draft_that_writes_a_leading_space_drafts_every_round(spm_pair, case):
+    """Its tokenizer puts a space before any text it reads: it reads the target's prompt
+    as it reads the text alone (not with a second space), and a reply that starts without
+    a space after its own prompt as exactly that text; it drafts every round, and greedy
+    output stays the target's."""
+    dec, _ = spm_pair
+    drafter, model = dec.drafter, dec.draft
+    for text in PROMPTS[:4]:
+        prompt, own = spm_prompt(dec, text, case)
+        alone = dec.generate(prompt, max_tokens=32, sampling=GREEDY, draft_max=0).tokens
+        rounds = drafted = 0
+        stream = dec.stream(prompt, max_tokens=32, sampling=GREEDY, draft_max=3,
+                            suffix_cache=False, draft_prompt=own)
+        for ev in stream:
+            if isinstance(ev, RoundVerified):
+                rounds += 1
+                assert drafter.pos_max() == len(drafter.cached) - 1
+            elif isinstance(ev, DraftProposed) and ev.source == "model":
+                drafted += 1
+        assert stream.result.tokens == alone, text
+        assert drafted >= rounds - 1 and drafter.lost is None, (text, drafted, rounds)
+        assert stream.result.stats.accepted > 0, text
+        head = own if own is not None else model.tokenize(text, add_bos=True, special=False)
+        assert model.cached[: len(head) - 1] == head[:-1], text
+        # Brought up to the whole text, it spells the reply after its prompt byte for byte.
+        history = prompt + stream.result.tokens
+        n = len(history) - 1
+        drafter.truncate(min(drafter.sync_to(history[:n]), n - 1))
+        drafter.decode(history[drafter.sync_to(history[:n]):n], "last")
+        if own is not None:
+            reply = b"".join(dec.target.piece(t) for t in history[len(prompt):n])
+            assert model.cached[: len(own)] == own
+            assert b"".join(model.piece(t) for t in model.cached[len(own):]) == reply
+        assert model.cached == drafter.canonical(), text
+
+
+@pytest.mark.parametrize("case", SPM_CASES)
+def test_a_draft_that_writes_a_leading_space_keeps_the_target_distribution(spm_pair, case):
+    """The first four tokens (top-k 3) against the target's exact law, the model drafting
+    after the first round too (where it reads the reply); then the first two at
+    temperature 1 without filters, the target's tokens outside the intersection among
+    them."""
+    dec, probe = spm_pair
+    prompt, own = spm_prompt(dec, "one of the two", case)
+    later = [0] * 8
+    counts, drafted, accepted = sampled_joint(dec, prompt, TOP_K3, CHAIN_TOKENS, CHAIN_RUNS,
+                                              model_rounds=later, draft_prompt=own)
+    assert sum(later[1:]) > CHAIN_RUNS // 4 and accepted["model"][1] > 50, (later, accepted)
+    pvalue = goodness_of_fit(counts, exact_joint(probe, prompt, TOP_K3, CHAIN_TOKENS))
+    assert pvalue > 1e-3, f"top-k 3: p-value {pvalue:.2e}"
+    counts, drafted, accepted = sampled_joint(dec, prompt, T1, 2, PAIR_RUNS,
+                                              draft_prompt=own)
+    assert accepted["model"][0] > PAIR_RUNS // 10, (drafted, accepted)
+    outside = set(range(dec.target.n_vocab)) - set(dec.drafter.vmap.target_ids.tolist())
+    assert sum(c for key, c in counts.items() if key[0] in outside) > 20
+    pvalue = goodness_of_fit(counts, exact_joint(probe, prompt, T1, 2))
+    assert pvalue > 1e-3, f"temperature 1: p-value {pvalue:.2e}"
 
 
 # ------------------------------------------------------------- interruptions
@@ -473,7 +569,7 @@ DRAFT_TEMPLATE = (
 @pytest.fixture(scope="module")
 def templated(own_cache, tiny_target, tiny_model_factory):
     draft = tiny_model_factory(seed=0, chat_template=DRAFT_TEMPLATE, **DRAFT)
-    dec = load_pair(tiny_target, draft, draft_mode="model")
+    dec = load_pair(tiny_target, draft, drafters="model")
     yield dec
     dec.close()
 
@@ -553,7 +649,7 @@ def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(template
 
     dec = templated
     session = ChatSession(dec, RunSettings(temperature=0.0, max_tokens=10, draft_max=3,
-                                           draft_mode="model", n_ctx=dec.n_ctx, threads=1))
+                                           drafters=("model",), n_ctx=dec.n_ctx, threads=1))
     for text in ("the cat sat on the", "and then"):
         events = list(session.reply(text))
         assert isinstance(events[-1], Finished)
@@ -576,7 +672,7 @@ def test_the_server_renders_each_request_in_the_drafts_own_template(templated):
         {"role": "user", "content": "the cat sat on the"}], "temperature": 0, "max_tokens": 12})
     work = build_work(dec.target, dec.n_ctx, Defaults(SamplingParams(), 12), req)
     assert work.turns == (("user", "the cat sat on the"),)
-    outcome = Engine(dec).run(Order(1, work, "end", 3, "model"), lambda e: None, lambda: False)
+    outcome = Engine(dec).run(Order(1, work, "end", 3, ("model",)), lambda e: None, lambda: False)
     assert outcome.failure is None
     own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
     assert dec.drafter.model.cached[: len(own)] == own

@@ -13,8 +13,8 @@ import pytest
 
 import specllama.engine.sampling as sampling_module
 from specllama import DraftProposed, Finished, SamplingParams, SpeculativeDecoder
-from specllama.engine.lengths import FixedDraftLength
 from specllama.engine.llama import Model
+from specllama.engine.loop.lengths import FixedDraftLength
 from specllama.engine.sampling import probabilities
 
 RUNS = 3000
@@ -198,7 +198,9 @@ def lookup_chain_parts(dec: SpeculativeDecoder, probe: Model, params: SamplingPa
     the continuation. Of the candidates, the one whose three proposals the target finds
     likeliest in turn (each in (0.1, 0.95), so acceptance and rejection both happen at
     every draft position)."""
-    from specllama.engine.lookup import NgramIndex
+    from drafts import proposal
+
+    from specllama.engine.drafting.ngram import NgramIndex
 
     greedy = SamplingParams(temperature=0.0)
     best, best_score = None, 0.0
@@ -213,7 +215,7 @@ def lookup_chain_parts(dec: SpeculativeDecoder, probe: Model, params: SamplingPa
             prompt = base + cont + sep_tokens + base[1:]
             index = NgramIndex()
             index.extend(prompt)
-            drafts = index.propose(3)
+            drafts = proposal(index, 3)
             if len(drafts) < 3:
                 continue
             probe.clear()
@@ -244,6 +246,10 @@ CHAIN_CASES = {
     "model drafts, top-k 3, top-p 0.9, min-p 0.1": (
         "model", SamplingParams(temperature=1.0, top_k=3, top_p=0.9, min_p=0.1)
     ),
+    # the hierarchical chain: lookups guess, the draft model checks the guesses
+    "model drafts fed by lookups, top-k 3": (
+        "lookup>model", SamplingParams(temperature=1.0, top_k=3)
+    ),
 }
 
 
@@ -256,9 +262,14 @@ def first_used_q_everywhere(verify):
 
 WRONG_RULES = {
     # name -> (module attribute to replace, replacement factory)
-    "q_1 used at every position": ("specllama.engine.rounds.verify", first_used_q_everywhere),
+    "q_1 used at every position": ("specllama.engine.loop.rounds.verify", first_used_q_everywhere),
     "residual that keeps the rejected token": (
         "specllama.engine.sampling.residual", lambda real: (lambda p, q, token: p)
+    ),
+    # the draft model keeps every lookup guess, as if it had drawn it from its q
+    "every guess kept": (
+        "specllama.engine.drafting.model.check_proposal",
+        lambda real: (lambda p, token, rng: token),
     ),
 }
 
@@ -267,7 +278,7 @@ WRONG_RULES = {
 def chain_setup(tiny_target, tiny_draft):
     # Model drafts unless a case says otherwise (the prompt repeats itself for lookups).
     dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
-                                  draft_mode="model")
+                                  drafters="model")
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     prompt = lookup_chain_prompt(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
     yield dec, probe, prompt
@@ -282,7 +293,7 @@ def test_draft_chains_follow_the_target_distribution(chain_setup, name):
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
     assert len(exact) <= 81
     counts, drafted_at, accepted_at = empirical_joint(
-        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, drafters=mode
     )
     # Third drafts were proposed thousands of times and sometimes accepted.
     assert drafted_at[2] > CHAIN_RUNS // 4 and accepted_at[2] > 50, (drafted_at, accepted_at)
@@ -297,6 +308,7 @@ def test_draft_chains_follow_the_target_distribution(chain_setup, name):
         ("model drafts, top-k 3, top-p 0.9, min-p 0.1", "q_1 used at every position"),
         ("lookup drafts, top-k 3", "residual that keeps the rejected token"),
         ("hybrid drafts, top-k 3", "residual that keeps the rejected token"),
+        ("model drafts fed by lookups, top-k 3", "every guess kept"),
     ],
 )
 def test_the_chain_test_rejects_a_wrong_rule(chain_setup, monkeypatch, name, wrong):
@@ -310,7 +322,7 @@ def test_the_chain_test_rejects_a_wrong_rule(chain_setup, monkeypatch, name, wro
     module = importlib.import_module(module_name)
     monkeypatch.setattr(module, attr, make(getattr(module, attr)))
     counts, _, _ = empirical_joint(
-        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, drafters=mode
     )
     for key in counts:
         exact.setdefault(key, 1e-12)
@@ -323,7 +335,7 @@ def cache_setup(tiny_target, tiny_draft):
     document, the prompt only ends with the base; the cache keeps that document alone
     (the runs' own outputs are not remembered), so every draft comes from it."""
     dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
-                                  draft_mode="lookup")
+                                  drafters="lookup")
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     base, cont, sep = lookup_chain_parts(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
     dec.suffix_cache.corpus.add(base + cont, "corpus")
@@ -345,10 +357,10 @@ def test_suffix_cache_chains_follow_the_target_distribution(cache_setup, name):
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
     # The first round drafts 3 tokens from the corpus (after a rejection a second round
     # drafts again: how many in all depends on the unseeded draws).
-    first = dec.generate(prompt, max_tokens=4, draft_max=3, draft_mode=mode, sampling=params)
+    first = dec.generate(prompt, max_tokens=4, draft_max=3, drafters=mode, sampling=params)
     assert first.stats.origin_drafted["corpus"] >= 3 and first.stats.drafted_at[2] >= 1
     counts, drafted_at, accepted_at = empirical_joint(
-        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, drafters=mode
     )
     assert drafted_at[2] > CHAIN_RUNS // 4 and accepted_at[2] > 50, (drafted_at, accepted_at)
     assert goodness_of_fit(counts, exact) > 1e-3
@@ -360,7 +372,7 @@ def test_the_suffix_cache_chain_test_rejects_a_wrong_rule(cache_setup, monkeypat
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
     monkeypatch.setattr("specllama.engine.sampling.residual", lambda p, q, token: p)
     counts, _, _ = empirical_joint(
-        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, draft_mode=mode
+        dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, draft_max=3, drafters=mode
     )
     for key in counts:
         exact.setdefault(key, 1e-12)
@@ -380,9 +392,9 @@ def follow_setup(tiny_target, tiny_draft):
     """Two earlier replies of one shape: the base, its continuation, and more after it
     (the cache keeps these two alone). The first round copies the continuation from
     both; from then on the text follows them, and the draft model's drafts take the
-    tokens both replies have next for free (`ModelDraft.splice`)."""
+    tokens both replies have next for free (`ModelDrafter`, fed by the lookup)."""
     dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0,
-                                  draft_mode="hybrid")
+                                  drafters="hybrid")
     probe = Model(tiny_target, n_ctx=256, n_threads=1)
     base, cont, sep = lookup_chain_parts(dec, probe, CHAIN_CASES["lookup drafts, top-k 3"][1])
     more = dec.generate(base + cont, max_tokens=12, draft_max=0, suffix_cache=False,
@@ -415,21 +427,22 @@ def test_the_following_test_rejects_a_spliced_token_given_the_models_q(
         follow_setup, monkeypatch):
     """A wrong rule only the splice can show: its tokens verified as if the draft model
     had drawn them from its last q, not put there whatever q says."""
-    from specllama.engine.drafts import ModelDraft
+    from specllama.engine.drafting.model import ModelDrafter
 
     dec, probe, prompt = follow_setup
     params = SamplingParams(temperature=1.0, top_k=3)
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
-    real = ModelDraft._spliced
+    real = ModelDrafter._spliced
 
-    def wrong(self, committed, draft, k, constraint, reads):
-        free = real(self, committed, draft, k, constraint, reads)
+    def wrong(self, run):
+        free = real(self, run)
+        draft = run.draft
         if free:
             q = draft.qs[len(draft.tokens) - len(free) - 1]
             draft.qs[len(draft.tokens) - len(free):] = [q] * len(free)
         return free
 
-    monkeypatch.setattr(ModelDraft, "_spliced", wrong)
+    monkeypatch.setattr(ModelDrafter, "_spliced", wrong)
     counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS, generate=8,
                                    draft_max=3)
     for key in counts:
@@ -543,14 +556,14 @@ def test_hybrid_drafts_with_declined_lookups_follow_the_target_distribution(
     dec, probe, prompt = chain_setup
     mode, params = CHAIN_CASES["hybrid drafts, top-k 3"]
     if wrong:
-        import specllama.engine.rounds as decoder
+        import specllama.engine.loop.rounds as decoder
 
         monkeypatch.setattr(decoder, "verify", first_used_q_everywhere(decoder.verify))
     policy = _DeclinesEveryOtherLookup()
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
     runs = 2 * CHAIN_RUNS  # half the rounds draft by lookup, which the wrong rule spares
     counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, runs, draft_max=policy,
-                                   draft_mode=mode)
+                                   drafters=mode)
     # lookups were declined often, and the model drafted in their place
     assert policy.asked["lookup"] > runs and policy.asked["model"] > runs // 2
     for key in counts:
@@ -609,7 +622,7 @@ def test_the_confidence_test_rejects_a_cut_decided_by_the_drawn_token(chain_setu
                                                                       monkeypatch):
     """The wrong rule: draw the token first and keep it only if q gave it enough
     probability. What is verified then no longer comes from q: the test must see it."""
-    import specllama.engine.drafts as drafts
+    import specllama.engine.drafting.model as drafts
 
     dec, probe, prompt = chain_setup
     params = CHAIN_CASES["model drafts, top-k 3"][1]
@@ -654,27 +667,26 @@ def test_greedy_drafts_cut_by_confidence_equal_the_target_alone(chain_setup):
 def test_a_model_draft_ends_with_a_token_that_ends_generation(chain_setup):
     """After the target's end-of-generation token nothing is ever used: the draft model
     stops there instead of drafting (and the target verifying) text past the end."""
-    from specllama.engine.decoder import make_strategy
-    from specllama.engine.drafts import ModelDraft
+    from drafts import ask
+
+    from specllama.engine.drafting.model import ModelDrafter
 
     dec, _, prompt = chain_setup
-    made = make_strategy("model", dec)
-    assert isinstance(made, ModelDraft) and made.ends(dec.target.eos)
+    made = dec._chain(("model",), SamplingParams(), 3, False, None).drafters[0]
+    assert isinstance(made, ModelDrafter) and made.ends(dec.target.eos)
     assert not made.ends(prompt[-1])
-    greedy = SamplingParams(temperature=0.0)
-    rng = np.random.default_rng(0)
-    plain = ModelDraft(dec.drafter)
-    full = plain.propose(prompt, lambda source, match: 3, greedy, rng)
-    plain.settle(prompt)
+    plain = ModelDrafter(dec.drafter)
+    full = plain.draft(ask(prompt, 3))
+    plain.accept(prompt)
     assert len(full.tokens) == 3
     first = full.tokens[0]
-    ended = ModelDraft(dec.drafter, ends=lambda token: token == first)
+    ended = ModelDrafter(dec.drafter, ends=lambda token: token == first)
     evaluated = dec.drafter.tokens_evaluated
-    draft = ended.propose(prompt, lambda source, match: 3, greedy, rng)
+    draft = ended.draft(ask(prompt, 3))
     assert draft.tokens == [first]
     # Only the catch-up (the last committed token) was decoded, not the drawn token.
     assert dec.drafter.tokens_evaluated - evaluated == 1
-    ended.settle(prompt)
+    ended.accept(prompt)
 
 
 def test_drafts_that_end_after_a_drawn_token_follow_the_target_distribution(
@@ -683,7 +695,7 @@ def test_drafts_that_end_after_a_drawn_token_follow_the_target_distribution(
     came from its q, and after the last one the target draws from its own p. Here the
     draft ends after the target's likeliest first token (as it would after an end of
     generation), which ends most rounds early, and the joint law must not move."""
-    import specllama.engine.decoder as decoder
+    import specllama.engine.drafting.chain as chain
 
     dec, probe, prompt = chain_setup
     params = CHAIN_CASES["model drafts, top-k 3"][1]
@@ -698,11 +710,11 @@ def test_drafts_that_end_after_a_drawn_token_follow_the_target_distribution(
         cuts[0] += token == stop_at
         return token == stop_at
 
-    real = decoder.ModelDraft
-    monkeypatch.setattr(decoder, "ModelDraft",
-                        lambda model, p_min, shadow, _ends: real(model, p_min, shadow, ends))
+    real = chain.ModelDrafter
+    monkeypatch.setattr(chain, "ModelDrafter",
+                        lambda model, p_min, **kw: real(model, p_min, **{**kw, "ends": ends}))
     counts, drafted_at, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, CHAIN_RUNS,
-                                            draft_max=3, draft_mode="model")
+                                            draft_max=3, drafters="model")
     assert cuts[0] > CHAIN_RUNS // 4, cuts
     assert drafted_at[2] > CHAIN_RUNS // 4  # and other drafts still run to three tokens
     pvalue = goodness_of_fit(counts, exact)
@@ -716,7 +728,7 @@ def test_a_prompt_left_to_the_draft_model_keeps_the_target_distribution(chain_se
     """Where the policy leaves the prompt to the draft model (auto, when catching up on
     it would not pay), its first draft decodes the whole prompt before drafting: the
     caches must stay right and the joint law of 4 tokens must not move."""
-    from specllama.engine.lengths import FixedDraftLength
+    from specllama.engine.loop.lengths import FixedDraftLength
 
     class LeavesThePrompt(FixedDraftLength):
         def may_draft(self, source="model", behind=0):
@@ -727,7 +739,7 @@ def test_a_prompt_left_to_the_draft_model_keeps_the_target_distribution(chain_se
     exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
     dec.drafter.clear()
     stream = dec.stream(prompt, max_tokens=CHAIN_TOKENS, sampling=params,
-                        draft_max=LeavesThePrompt(3), draft_mode="model")
+                        draft_max=LeavesThePrompt(3), drafters="model")
     next(stream)  # the prompt is in the target's cache, none of it in the draft model's
     assert dec.drafter.cached == []
     stream.close()
@@ -737,7 +749,7 @@ def test_a_prompt_left_to_the_draft_model_keeps_the_target_distribution(chain_se
         dec.drafter.clear()  # each run's prompt is new to the draft model
         s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
         res = dec.generate(prompt, max_tokens=CHAIN_TOKENS, sampling=s, keep_cache=True,
-                           draft_max=LeavesThePrompt(3), draft_mode="model")
+                           draft_max=LeavesThePrompt(3), drafters="model")
         history = prompt + res.tokens
         assert dec.target.cached == history[:-1]
         assert dec.drafter.cached == history[: len(dec.drafter.cached)]

@@ -29,11 +29,10 @@ from specllama.models.sources import (
     hf_cache_dir,
     hf_cli,
     hf_offline,
-    pending_downloads,
     resolve_pair,
     resolve_source,
-    source_status,
 )
+from specllama.models.status import pending_downloads, source_status
 
 GGUF_BYTES = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(64))
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -1,7 +1,7 @@
 """The one KV-cache report: real tiny models, caches set up as a generation leaves them."""
 
-from specllama.engine.kvreport import CacheReport, cache_report
 from specllama.engine.llama import Model
+from specllama.engine.llama.kvreport import CacheReport, cache_report
 
 
 def test_caches_holding_prefixes_of_the_history_are_consistent(tiny_target, tiny_draft):

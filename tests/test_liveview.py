@@ -16,14 +16,14 @@ import pytest
 from rich.cells import get_character_cell_size
 
 from specllama.cli.liveview import LiveDrafts
-from specllama.engine.events import (
+from specllama.engine.loop.events import (
     DraftProposed,
     RoundVerified,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
-from specllama.engine.textstream import TextStream
+from specllama.engine.loop.textstream import TextStream
 
 pyte = pytest.importorskip("pyte")
 
@@ -128,8 +128,8 @@ def engine_events(rounds):
         kind = "plain" if not drafted else ("bonus" if m == len(drafted) else "correction")
         yield TargetToken(x, text.feed([x]), kind)
         k = len(drafted)
-        yield RoundVerified(tuple(drafted), m, x, kind, m + 1, (None,) * k, (1.0,) * k,
-                            "model", 0.0, 0.0, 0.0)
+        yield RoundVerified(tuple(drafted), ("model",) * k, m, x, kind, m + 1, (None,) * k,
+                            (1.0,) * k, "model", 0.0, 0.0, 0.0)
     tail = text.flush()
     if tail:
         yield TextFlushed(tail)

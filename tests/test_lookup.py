@@ -4,8 +4,8 @@ with them (greedy identity, KV invariants), and exactness under sampling."""
 import random
 import time
 
-import numpy as np
 import pytest
+from drafts import Lengths, ask, proposal
 from test_exactness import RUNS, exact_first_two, goodness_of_fit
 from test_speculative import PROMPTS, top_two_gap
 
@@ -19,10 +19,12 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
-from specllama.engine.decoder import make_strategy
-from specllama.engine.drafts import Draft, ModelDraft
+from specllama.engine.drafting.base import Draft, Start
+from specllama.engine.drafting.chain import DraftChain, build_chain
+from specllama.engine.drafting.lookup import LookupDrafter
+from specllama.engine.drafting.model import ModelDrafter
+from specllama.engine.drafting.ngram import NgramIndex
 from specllama.engine.llama import Model
-from specllama.engine.lookup import HybridDraft, LookupDraft, NgramIndex
 from specllama.engine.sampling import probabilities
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -63,23 +65,23 @@ def test_index_finds_the_longest_latest_match():
     ix = NgramIndex(2, 4)
     ix.extend([1, 2, 3, 4, 5, 1, 2])
     assert ix.match() == (2, 2)  # "1 2" occurred at 0..1, followed by position 2
-    assert ix.propose(3) == [3, 4, 5]
+    assert proposal(ix, 3) == [3, 4, 5]
     ix.extend([3, 9, 1, 2, 3])
     # "1 2 3" occurred twice before; the latest occurrence (positions 5..7) wins
     assert ix.match() == (8, 3)
-    assert ix.propose(2) == [9, 1]
+    assert proposal(ix, 2) == [9, 1]
     ix.extend([7])
-    assert ix.match() is None and ix.propose(5) == []
-    assert ix.propose(0) == []
+    assert ix.match() is None and proposal(ix, 5) == []
+    assert proposal(ix, 0) == []
 
 
 def test_a_repeating_pattern_keeps_repeating():
     ix = NgramIndex(2, 4)
     ix.extend([7, 8, 7, 8, 7])
-    assert ix.propose(5) == [8, 7, 8, 7, 8]
+    assert proposal(ix, 5) == [8, 7, 8, 7, 8]
     ix = NgramIndex(1, 3)
     ix.extend([5, 5])
-    assert ix.propose(4) == [5, 5, 5, 5]
+    assert proposal(ix, 4) == [5, 5, 5, 5]
 
 
 def test_a_long_match_is_measured_beyond_n_max():
@@ -97,7 +99,7 @@ def test_a_long_match_is_measured_beyond_n_max():
 def test_one_token_is_not_a_match_by_default():
     ix = NgramIndex()
     ix.extend([1, 2, 3, 1])
-    assert ix.propose(4) == []
+    assert proposal(ix, 4) == []
 
 
 @pytest.mark.parametrize("vocab", [3, 6, 50])
@@ -109,7 +111,7 @@ def test_index_agrees_with_brute_force_as_the_sequence_grows(vocab):
     for _ in range(300):
         assert ix.match() == reference_match(ix.tokens, 2, 5)
         for k in (1, 4, 9):
-            assert ix.propose(k) == reference_proposal(ix.tokens, 2, 5, k)
+            assert proposal(ix, k) == reference_proposal(ix.tokens, 2, 5, k)
         # grow by 1-3 tokens, sometimes copying an earlier stretch
         if rnd.random() < 0.5:
             s = rnd.randrange(len(ix.tokens) - 3)
@@ -134,7 +136,7 @@ def test_sync_is_incremental_and_survives_a_changed_sequence():
     other = [9, 8, 9, 8]
     ix.sync(other)
     assert ix.rebuilds == 1 and ix.tokens == other
-    assert ix.propose(2) == reference_proposal(other, 2, 4, 2)
+    assert proposal(ix, 2) == reference_proposal(other, 2, 4, 2)
     ix.sync([9, 8])
     assert ix.rebuilds == 2 and ix.tokens == [9, 8] and ix.match() is None
 
@@ -152,13 +154,13 @@ def test_index_stays_fast_on_a_long_context():
     t0 = time.perf_counter()
     for i in range(2000):
         before = ix.insertions
-        ix.propose(8)
+        proposal(ix, 8)
         tokens.extend(tokens[1000 + i : 1000 + i + 3])  # copying: matches exist
         ix.sync(tokens)
         assert ix.insertions - before == 3 * per_token  # never a rescan
     rounds_s = time.perf_counter() - t0
     assert ix.rebuilds == 0
-    assert ix.tokens == tokens and ix.propose(3)  # the copied stretch is found
+    assert ix.tokens == tokens and proposal(ix, 3)  # the copied stretch is found
     # Timing relative to the build, so a loaded machine matters little: 2000 rounds
     # of O(n_max) work each cost about as much as indexing 50k tokens once (a rescan
     # of the context per round would cost 2000 builds).
@@ -175,69 +177,79 @@ def test_index_rejects_bad_lengths():
 
 
 def test_lookup_draft_is_deterministic_q_and_respects_k():
-    s = LookupDraft(2, 4, cap_by_match=False)
+    s = LookupDrafter(2, 4, cap_by_match=False)
     committed = [1, 2, 3, 4, 5, 6, 1, 2]
-    asked = []
-
-    def choose_k(source, match=0):
-        asked.append(source)
-        return 3
-
-    d = s.propose(committed, choose_k, SamplingParams(), np.random.default_rng(0))
+    lengths = Lengths(3)
+    d = s.draft(ask(committed, lengths, params=SamplingParams()))
     assert d.tokens == [3, 4, 5] and d.qs == [None] * 3 and d.source == "lookup"
-    assert asked == ["lookup"]
-    assert s.propose(committed, lambda _s, _m: 0, GREEDY, None).tokens == []
-    no_match = s.propose([1, 2, 3], choose_k, GREEDY, None)
+    assert d.origins == ["context"] * 3
+    assert lengths.asked == ["lookup"]
+    assert s.draft(ask(committed, 0)).tokens == []
+    no_match = s.draft(ask([1, 2, 3], lengths))
     assert no_match.tokens == [] and no_match.qs == []
-    assert asked == ["lookup"]  # no match: the policy is not even asked
+    assert lengths.asked == ["lookup"]  # no match: the policy is not even asked
 
 
 def test_lookup_drafts_no_longer_than_the_match_warrants():
     """After a match of n tokens at most n - n_min + 1 are drafted."""
-    s = LookupDraft(2, 4)
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    k16 = {"lookup": 16}.get
-    assert s.propose(ctx + [9, 1, 2], k16, GREEDY, None).tokens == [3]  # n = 2
-    s = LookupDraft(2, 4)
-    assert s.propose(ctx + [9, 1, 2, 3], k16, GREEDY, None).tokens == [4, 5]  # n = 3
-    s = LookupDraft(2, 4)
-    d = s.propose(ctx + [0] + ctx[:6], k16, GREEDY, None)  # n = 6 (measured past n_max)
+    k16 = {"lookup": 16}
+    assert LookupDrafter(2, 4).draft(ask(ctx + [9, 1, 2], k16)).tokens == [3]  # n = 2
+    assert LookupDrafter(2, 4).draft(ask(ctx + [9, 1, 2, 3], k16)).tokens == [4, 5]  # n = 3
+    s = LookupDrafter(2, 4)
+    d = s.draft(ask(ctx + [0] + ctx[:6], k16))  # n = 6 (measured past n_max)
     assert d.tokens == [7, 8, 9, 10, 0]
-    assert s.propose(ctx + [0] + ctx[:6], {"lookup": 2}.get, GREEDY, None).tokens == [7, 8]
+    assert s.draft(ask(ctx + [0] + ctx[:6], {"lookup": 2})).tokens == [7, 8]
 
 
-class FakeModelDraft:
+class FakeModel:
+    """A drafter that drafts k tokens of 42 and counts what it was asked."""
+
+    name = "model"
+    decode_s = 0.0
+    behind = 0
+
     def __init__(self):
         self.proposed = 0
-        self.settled = 0
+        self.accepted = 0
+        self.drafting = True
 
-    def propose(self, committed, choose_k, params, rng, extend=None, constraint=None):
-        k = choose_k("model", 0)
+    def begin(self, start):
+        pass
+
+    def draft(self, a):
+        k = a.choose("model")
         self.proposed += 1
-        return Draft([42] * k, [None] * k, "model")
+        d = Draft()
+        d.add([42] * k, [None] * k, "model")
+        return d
 
-    def settle(self, committed):
-        self.settled += 1
+    def accept(self, committed, alone_p=None):
+        self.accepted += 1
 
 
-def test_hybrid_prefers_lookup_and_falls_back_to_the_model():
-    model = FakeModelDraft()
-    h = HybridDraft(LookupDraft(2, 4, cap_by_match=False), model)
+def test_the_chain_asks_lookup_first_and_falls_back_to_the_model():
+    model = FakeModel()
+    chain = DraftChain([LookupDrafter(2, 4, cap_by_match=False), model])
     ks = {"lookup": 2, "model": 3}
-    d = h.propose([1, 2, 3, 1, 2], ks.get, GREEDY, None)
+    d = chain.draft(ask([1, 2, 3, 1, 2], ks))
     assert (d.tokens, d.source) == ([3, 1], "lookup")
-    h.settle([1, 2, 3, 1, 2, 3])
-    assert model.proposed == 0 and model.settled == 0  # the model's cache was not touched
-    d = h.propose([1, 2, 3, 1, 2, 3, 9], ks.get, GREEDY, None)  # no match
-    assert (d.tokens, d.source) == ([42] * 3, "model")
-    h.settle([1, 2, 3, 1, 2, 3, 9, 42])
-    assert model.proposed == 1 and model.settled == 1
+    assert model.proposed == 0  # the model was not asked
+    chain.accept([1, 2, 3, 1, 2, 3])
+    d = chain.draft(ask([1, 2, 3, 1, 2, 3, 9], ks))  # no match
+    assert (d.tokens, d.source, d.origins) == ([42] * 3, "model", ["model"] * 3)
+    assert model.proposed == 1
     # the policy turned lookup off (k = 0): the model drafts even though a match exists
-    d = h.propose([1, 2, 3, 1, 2], {"lookup": 0, "model": 2}.get, GREEDY, None)
+    d = chain.draft(ask([1, 2, 3, 1, 2], {"lookup": 0, "model": 2}))
     assert d.source == "model" and d.tokens == [42, 42]
-    # without a draft model, hybrid is lookup alone
-    h = HybridDraft(LookupDraft(2, 4), None)
-    assert h.propose([1, 2, 3, 9], ks.get, GREEDY, None).tokens == []
+    # a chain of lookup alone drafts nothing without a match
+    assert DraftChain([LookupDrafter(2, 4)]).draft(ask([1, 2, 3, 9], ks)).tokens == []
+
+
+def test_the_chain_stops_at_the_room_left():
+    chain = DraftChain([LookupDrafter(2, 4, cap_by_match=False), FakeModel()])
+    assert chain.draft(ask([1, 2, 3, 1, 2], 8, room=2)).tokens == [3, 1]
+    assert chain.draft(ask([1, 2, 3, 1, 2], 8, room=0)).tokens == []
 
 
 # ------------------------------------------------- the loop with tiny models
@@ -257,48 +269,64 @@ def dec_lookup(tiny_target):
     d.close()
 
 
-def test_make_strategy_modes(dec, dec_lookup):
-    assert isinstance(make_strategy("model", dec), ModelDraft)
-    assert isinstance(make_strategy("lookup", dec), LookupDraft)
-    assert isinstance(make_strategy("hybrid", dec), HybridDraft)
-    assert make_strategy("model", dec_lookup) is None  # no draft model: the target alone
-    # One rule with the command line and /set: hybrid needs a draft model.
-    with pytest.raises(InvalidParameterError, match="draft mode hybrid needs a draft model"):
-        make_strategy("hybrid", dec_lookup)
-    with pytest.raises(InvalidParameterError, match="draft mode must be one of"):
-        make_strategy("ngram", dec)
+def chain_of(names, dec):
+    return build_chain(names, model=dec.drafter, p_min=0.0, ends=dec.target.is_eog,
+                       shadow=True, archives=())
 
 
-def test_the_default_draft_mode_is_hybrid_with_a_draft_model(dec, tiny_target):
+def test_drafters_by_name(dec, dec_lookup):
+    only_model = chain_of(("model",), dec)
+    assert [type(d) for d in only_model.drafters] == [ModelDrafter]
+    assert [type(d) for d in chain_of(("lookup",), dec).drafters] == [LookupDrafter]
+    hybrid = chain_of("hybrid", dec)
+    assert [d.name for d in hybrid.drafters] == ["lookup", "model"]
+    assert hybrid.drafters[0].feeds is hybrid.drafters[1]  # following: the model drafts
+    fed = chain_of("lookup>model", dec)
+    assert [d.name for d in fed.drafters] == ["lookup>model"]
+    assert fed.drafters[0].feeder is not None and fed.drafters[0].feed == "verify"
+    assert not chain_of((), dec_lookup)  # nobody drafts: the target alone
+    # One rule with the command line and /set: the draft model needs a draft model.
+    with pytest.raises(InvalidParameterError,
+                       match="drafters lookup,model need a draft model"):
+        chain_of("hybrid", dec_lookup)
+    with pytest.raises(InvalidParameterError, match="drafters must be some of"):
+        chain_of("ngram", dec)
+    with pytest.raises(InvalidParameterError, match="one draft model at most"):
+        chain_of(("model", "lookup>model"), dec)
+
+
+def test_the_default_drafters_are_lookup_then_the_model(dec, tiny_target):
     """Lookup where the text repeats itself, the draft model elsewhere; without a draft
     model the target decodes alone unless told to look up."""
-    assert dec.default_draft_mode == "hybrid"
+    assert dec.default_drafters == ("lookup", "model")
     sources = {e.source for e in dec.stream(REPETITIVE[1], max_tokens=40, sampling=GREEDY,
                                             draft_max=4) if isinstance(e, DraftProposed)}
     assert sources == {"lookup", "model"}
     alone = SpeculativeDecoder.load(tiny_target, n_ctx=256, n_threads=1)
     try:
-        assert alone.default_draft_mode == "model"
+        assert alone.default_drafters == ()
         assert alone.generate(REPETITIVE[0], max_tokens=8, draft_max=4).stats.drafted == 0
     finally:
         alone.close()
 
 
 def test_load_lookup_has_no_draft_model_and_drafts_by_lookup(dec_lookup):
-    assert dec_lookup.draft is None and dec_lookup.default_draft_mode == "lookup"
+    assert dec_lookup.draft is None and dec_lookup.default_drafters == ("lookup",)
     prompt = "a b c d e f g a b c d e f g a b c"
     res = dec_lookup.generate(prompt, max_tokens=30, sampling=GREEDY, draft_max=4)
     assert res.stats.drafted > 0
     plain = dec_lookup.generate(prompt, max_tokens=30, sampling=GREEDY, draft_max=4,
-                                draft_mode="model")
+                                drafters=())
     assert plain.stats.drafted == 0 and plain.tokens == res.tokens
 
 
-def test_bad_draft_mode_is_an_error(dec, tiny_target):
-    with pytest.raises(InvalidParameterError, match="draft mode"):
-        dec.generate("x", draft_mode="ngram")
-    with pytest.raises(InvalidParameterError, match="draft mode"):
-        SpeculativeDecoder.load(tiny_target, "lookup", draft_mode="both")
+def test_bad_drafters_are_an_error(dec, tiny_target):
+    with pytest.raises(InvalidParameterError, match="drafters must be some of"):
+        dec.generate("x", drafters="ngram")
+    with pytest.raises(InvalidParameterError, match="drafters must be some of"):
+        SpeculativeDecoder.load(tiny_target, "lookup", drafters="both")
+    with pytest.raises(InvalidParameterError, match="need a draft model"):
+        SpeculativeDecoder.load(tiny_target, "lookup", drafters="model")
 
 
 REPETITIVE = [
@@ -310,7 +338,7 @@ REPETITIVE = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["lookup", "hybrid"])
+@pytest.mark.parametrize("mode", ["lookup", "hybrid", "lookup>model", "lookup,lookup>model"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_output_equals_target_alone(dec, tiny_target, mode, k):
     probe = Model(tiny_target, n_ctx=512, n_threads=1)
@@ -319,7 +347,7 @@ def test_greedy_output_equals_target_alone(dec, tiny_target, mode, k):
         base = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=0)
         spec_tokens, res = [], None
         # (the suffix cache would copy the run just made whole: tests/test_suffixcache.py)
-        for ev in dec.stream(prompt, max_tokens=40, sampling=GREEDY, draft_max=k, draft_mode=mode,
+        for ev in dec.stream(prompt, max_tokens=40, sampling=GREEDY, draft_max=k, drafters=mode,
                              suffix_cache=False):
             if isinstance(ev, DraftProposed):
                 sources.add(ev.source)
@@ -332,15 +360,54 @@ def test_greedy_output_equals_target_alone(dec, tiny_target, mode, k):
         gap = top_two_gap(probe, dec.tokenize(prompt) + base.tokens[:j])
         assert gap < 1e-4, f"{mode} {prompt!r} k={k}: diverged at {j} with top-two gap {gap}"
     probe.close()
-    assert "lookup" in sources
-    assert sources == ({"lookup", "model"} if mode == "hybrid" else {"lookup"})
+    assert sources == {"lookup": {"lookup"}, "hybrid": {"lookup", "model"},
+                       "lookup>model": {"model"}}.get(mode, {"lookup", "model"})
+
+
+class Guesses:
+    """A feeder that guesses what follows from a list of expected tokens (+ `shift`)."""
+
+    def __init__(self, prompt, expected, shift=0):
+        self.text, self.shift = list(prompt) + list(expected), shift
+
+    def agreed(self, tokens, k):
+        return [], "context"
+
+    def peek(self, context, k):
+        n = len(context)
+        return [t + self.shift for t in self.text[n : n + k]]
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_a_model_fed_guesses_drafts_what_it_would_alone(dec, shift):
+    """Greedy, the model checking guesses draws its own argmax at every row: the draft is
+    the same with right guesses (shift 0) or wrong ones (1), but each right guess costs no
+    decode of its own."""
+    prompt = dec.tokenize(REPETITIVE[0])
+
+    def run(feeder):
+        dec.reset()
+        drafter = ModelDrafter(dec.drafter, feeder=feeder, feed="verify")
+        drafter.begin(Start(prompt, True, Lengths(6)))
+        before = dec.draft.decode_calls
+        tokens = drafter.draft(ask(prompt, 6)).tokens
+        return tokens, dec.draft.decode_calls - before
+
+    alone, calls_alone = run(None)
+    fed, calls_fed = run(Guesses(prompt, alone, shift))
+    assert fed == alone and len(alone) == 6
+    if shift == 0:
+        assert calls_fed == 2 < calls_alone  # the catch-up, then one batch: all six
+    else:
+        assert calls_fed == calls_alone  # every guess wrong: one decode per token still
+    dec.reset()
 
 
 def test_lookup_mode_never_touches_the_draft_model(dec):
     before = dec.draft.tokens_evaluated
     t_before = dec.target.tokens_evaluated
     res = dec.generate(REPETITIVE[0], max_tokens=40, sampling=GREEDY, draft_max=4,
-                       draft_mode="lookup")
+                       drafters="lookup")
     assert res.stats.drafted > 0 and res.stats.draft_s == 0.0
     assert dec.draft.tokens_evaluated == before
     # and the target evaluates nothing twice: the prompt, then one pass per round
@@ -355,7 +422,7 @@ def test_hybrid_kv_invariants_after_every_round(dec, temperature):
     sampling = SamplingParams(temperature=temperature, seed=5)
     sources = []
     for event in dec.stream(prompt, max_tokens=80, sampling=sampling, draft_max=5,
-                            draft_mode="hybrid"):
+                            drafters="hybrid"):
         if isinstance(event, DraftProposed):
             sources.append(event.source)
         elif isinstance(event, TokensAccepted):
@@ -407,9 +474,9 @@ def lookup_prompt(dec, probe: Model, params: SamplingParams) -> tuple[list[int],
         prompt = base + cont + sep + base[1:]
         ix = NgramIndex()
         ix.extend(prompt)
-        if not ix.propose(2):
+        if not proposal(ix, 2):
             continue
-        d1 = ix.propose(1)[0]
+        d1 = proposal(ix, 1)[0]
         probe.clear()
         probe.decode(prompt, "last")
         p = float(probabilities(probe.logits_row(-1), params)[d1])
@@ -430,7 +497,7 @@ def empirical_first_two_of_three(dec, prompt, params, mode):
     for seed in range(RUNS):
         s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
         result = None
-        for ev in dec.stream(prompt, max_tokens=3, sampling=s, draft_max=4, draft_mode=mode):
+        for ev in dec.stream(prompt, max_tokens=3, sampling=s, draft_max=4, drafters=mode):
             if isinstance(ev, DraftProposed):
                 drafted[ev.source] += len(ev.tokens)
             elif isinstance(ev, Finished):

@@ -5,16 +5,16 @@ import itertools
 import random
 
 import pytest
-from simulated import auto_speedup, fixed_speedups, model_draft, texts_for
+from simulated import auto_speedup, fixed_speedups, model_draft, outcome, texts_for
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
+from specllama.engine.loop.events import RoundVerified
 from specllama.policy import (
     AutoDraftLength,
     AutoState,
     AutoTuning,
     FixedDraftLength,
     HeuristicDraftLength,
-    RoundOutcome,
     make_policy,
 )
 from specllama.policy.acceptance import AcceptanceEstimate, ConfidenceAcceptance
@@ -144,15 +144,15 @@ def test_fixed_and_heuristic():
     assert "target alone" in FixedDraftLength(0).describe()
     h = HeuristicDraftLength(k_max=8, start=4)
     assert h.choose() == 4
-    h.observe(RoundOutcome(4, 4, "model", 0.0, 0.0))
+    h.observe(outcome(4, 4, "model", 0.0, 0.0))
     assert h.choose() == 6
-    h.observe(RoundOutcome(6, 2, "model", 0.0, 0.0))
+    h.observe(outcome(6, 2, "model", 0.0, 0.0))
     assert h.choose() == 5
     for _ in range(10):
-        h.observe(RoundOutcome(h.k, h.k, "model", 0.0, 0.0))
+        h.observe(outcome(h.k, h.k, "model", 0.0, 0.0))
     assert h.choose() == 8
     for _ in range(20):
-        h.observe(RoundOutcome(h.k, 0, "model", 0.0, 0.0))
+        h.observe(outcome(h.k, 0, "model", 0.0, 0.0))
     assert h.choose() == 1
 
 
@@ -214,7 +214,7 @@ def run_rounds(policy, n, accept_all, source="model"):
             k, rows = model_draft(policy, k, [sure] * k)
         ks.append(k)
         st = policy.state
-        policy.observe(RoundOutcome(k, k if accept_all else 0, source,
+        policy.observe(outcome(k, k if accept_all else 0, source,
                                     st.target.t(k + 1), rows * st.costs(source).draft,
                                     confidences=(sure,) * k, draft_rows=rows))
     return ks
@@ -267,7 +267,7 @@ def test_auto_pauses_when_drafts_fail_then_probes():
 
 def test_auto_resumes_when_the_draft_shows_it_would_have_guessed_the_paused_tokens():
     """A probe after paused rounds reports, from the draft's catch-up, how it would have
-    done on each paused token (RoundOutcome.shadow): one probe with many hits brings
+    done on each paused token (ModelWork.shadow): one probe with many hits brings
     drafting back, one with many misses keeps it off, where the probe's own two drafts
     alone would not have decided it."""
     def paused_then_probe(shadow):
@@ -277,8 +277,8 @@ def test_auto_resumes_when_the_draft_shows_it_would_have_guessed_the_paused_toke
         assert ks[-1] == 0
         st = policy.state
         while (k := policy.choose("model")) == 0:  # until the probe
-            policy.observe(RoundOutcome(0, 0, "model", st.target.t(1), 0.0))
-        policy.observe(RoundOutcome(k, 0, "model", st.target.t(k + 1), k * 0.003,
+            policy.observe(outcome(0, 0, "model", st.target.t(1), 0.0))
+        policy.observe(outcome(k, 0, "model", st.target.t(k + 1), k * 0.003,
                                     shadow=shadow))  # its drafts rejected
         return policy.choose("model")
 
@@ -299,7 +299,7 @@ def test_auto_sources_are_separate():
     st = state_for(SMOL_RATIOS, SMOL_T1, SMOL_DRAFT, priors={"lookup": 0.9})
     policy = AutoDraftLength(st)
     assert policy.choose("model") == 0
-    policy.observe(RoundOutcome(0, 0, "model", SMOL_T1, 0.0))
+    policy.observe(outcome(0, 0, "model", SMOL_T1, 0.0))
     # lookup: draft costs nothing, and at 90% acceptance verifying 2-3 tokens pays
     assert decide(0.9, st.costs("lookup")).k > 0
     assert policy.choose("lookup") > 0
@@ -312,7 +312,7 @@ def test_a_draft_cut_short_is_not_a_miss():
     policy = AutoDraftLength(st)
     k = policy.choose("model")
     assert k >= 3
-    policy.observe(RoundOutcome(2, 2, "model", 0.01, 0.002))  # stopped at 3 by p_min
+    policy.observe(outcome(2, 2, "model", 0.01, 0.002))  # stopped at 3 by p_min
     acc = st.sources["model"].acceptance
     assert acc.reached[:3] == pytest.approx([1.0, 1.0, 0.0])
     assert acc.accepted[:2] == pytest.approx([1.0, 1.0])
@@ -324,7 +324,7 @@ def test_a_short_lookup_draft_is_not_a_miss():
     st = state_for(FLAT_RATIOS, priors={"lookup": 0.9})
     policy = AutoDraftLength(st)
     assert policy.choose("lookup") >= 3
-    policy.observe(RoundOutcome(2, 2, "lookup", 0.01, 0.0))  # the match gave 2 tokens
+    policy.observe(outcome(2, 2, "lookup", 0.01, 0.0))  # the match gave 2 tokens
     acc = st.sources["lookup"].acceptance
     assert acc.reached[:3] == pytest.approx([1.0, 1.0, 0.0])
     assert acc.accepted[:2] == pytest.approx([1.0, 1.0])
@@ -334,7 +334,7 @@ def test_a_draft_cut_at_once_teaches_nothing():
     st = state_for(FLAT_RATIOS)
     policy = AutoDraftLength(st)
     assert policy.choose("model") > 0
-    policy.observe(RoundOutcome(0, 0, "model", 0.01, 0.001))  # nothing drafted: cut at once
+    policy.observe(outcome(0, 0, "model", 0.01, 0.001))  # nothing drafted: cut at once
     acc = st.sources["model"].acceptance
     assert acc.reached[0] == 0.0 and acc.accepted[0] == 0.0
 
@@ -475,14 +475,14 @@ def test_the_first_rounds_find_the_cost_level_and_spikes_barely_move_it():
     # Calibrated on a busy machine: every decode measured ten times too slow.
     st = state_for([10 * r for r in FLAT_RATIOS], t1=0.01, draft_ratio=3.0)
     loop = st.loop
-    st.learn_costs(RoundOutcome(0, 0, "model", 0.03, 0.0, 0.0301))  # weights paging in
+    st.learn_costs(outcome(0, 0, "model", 0.03, 0.0, 0.0301))  # weights paging in
     for _ in range(7):
-        st.learn_costs(RoundOutcome(0, 0, "model", 0.01, 0.0, 0.0101))
+        st.learn_costs(outcome(0, 0, "model", 0.01, 0.0, 0.0101))
     assert loop.t(1) == pytest.approx(0.01, rel=0.1)
     assert loop.t(5) == pytest.approx(0.01 * FLAT_RATIOS[4], rel=0.1)  # rescaled
     assert loop.draft_step == pytest.approx(0.003, rel=0.1)  # measured alike, rescaled alike
     before = loop.t(1)
-    st.learn_costs(RoundOutcome(0, 0, "model", 0.06, 0.0, 0.0601))  # another process's spike
+    st.learn_costs(outcome(0, 0, "model", 0.06, 0.0, 0.0601))  # another process's spike
     assert loop.t(1) <= before * 1.051  # at most as if it had been 1.5x
     assert st.costs("model").target[0] == pytest.approx(loop.t(1))
 
@@ -494,11 +494,11 @@ def test_the_first_draft_step_of_a_round_is_learnt_apart_from_catch_ups():
     # The draft model catches up on 30 tokens after paused rounds: not a draft step's
     # cost, nor its wake-up, but a catch-up, learnt as a ratio to the calibrated one
     # (here 9.5 ms a token against 3).
-    st.learn_costs(RoundOutcome(1, 1, "model", t(2), 0.3, t(2) + 0.3, draft_caught_up=30))
+    st.learn_costs(outcome(1, 1, "model", t(2), 0.3, t(2) + 0.3, draft_caught_up=30))
     assert loop.draft_wake == 0.0
     assert loop.catch_up_s(30) == pytest.approx(0.3 - 0.016, rel=0.01)
     for _ in range(60):  # then every round: 16 ms a step plus 8 ms for the first
-        st.learn_costs(RoundOutcome(2, 2, "model", t(3), 0.040, t(3) + 0.040,
+        st.learn_costs(outcome(2, 2, "model", t(3), 0.040, t(3) + 0.040,
                                     draft_steps_s=0.016, draft_caught_up=1))
     assert loop.draft_wake == pytest.approx(0.008, rel=0.05)
     assert loop.catch_up_s(1) == 0.0  # one missed token (a fully accepted round): in w_d
@@ -518,7 +518,7 @@ def test_auto_stops_drafting_when_the_loop_shows_draft_steps_cost_more():
         ks.append(k)
         t = st.target.t(k + 1)
         draft = k * 0.04 * 0.7 + (0.01 if k else 0.0)
-        policy.observe(RoundOutcome(k, min(k, 1), "model", t, draft, t + draft))
+        policy.observe(outcome(k, min(k, 1), "model", t, draft, t + draft))
     assert ks[0] > 0 and ks[-10:] == [0] * 10
 
 
@@ -530,7 +530,7 @@ def test_auto_predicts_the_speedup_of_the_rounds_it_ran():
     rates = st.sources["model"].acceptance.rates()
     costs = st.costs("model")
     t = st.target.t(k + 1)
-    policy.observe(RoundOutcome(k, k, "model", t, k * 0.004, t + k * 0.004))
+    policy.observe(outcome(k, k, "model", t, k * 0.004, t + k * 0.004))
     assert policy.predicted_speedup() == pytest.approx(
         expected_tokens(rates, k) * costs.round_s(0) / costs.round_s(k))
 
@@ -539,10 +539,10 @@ def test_long_lookup_matches_are_trusted_apart_from_short_ones():
     st = state_for(SMOL_RATIOS, SMOL_T1, SMOL_DRAFT)
     policy = AutoDraftLength(st)
     assert policy.choose("lookup", 3) == 0  # a 3-token match: a guess, not worth a verify
-    policy.observe(RoundOutcome(0, 0, "model", SMOL_T1, 0.0))
+    policy.observe(outcome(0, 0, "model", SMOL_T1, 0.0))
     k = policy.choose("lookup", 20)  # 20 tokens repeated: copying
     assert k > 1
-    policy.observe(RoundOutcome(k, 0, "lookup", SMOL_T1 * SMOL_RATIOS[k], 0.0))
+    policy.observe(outcome(k, 0, "lookup", SMOL_T1 * SMOL_RATIOS[k], 0.0))
     assert st.sources["lookup-long"].acceptance.reached[0] == 1.0
     assert st.sources["lookup"].acceptance.reached[0] == 0.0  # learnt where it was drafted
 
@@ -588,11 +588,11 @@ def alpha_for(st: AutoState, speedup: float, source: str = "model") -> float:
 
 
 def round_of(st: AutoState, k: int, accepted: int, behind: int = 0, caught_up: int = 0,
-             source: str = "model") -> RoundOutcome:
+             source: str = "model") -> RoundVerified:
     """What a round costs at the state's own cost estimates."""
     costs = st.costs(source)
     t, draft = st.loop.t(k + 1), costs.draft * k
-    return RoundOutcome(k, accepted, source, t, draft, t + draft,
+    return outcome(k, accepted, source, t, draft, t + draft,
                         draft_steps_s=costs.draft * max(0, k - 1),
                         draft_behind=behind, draft_caught_up=caught_up)
 
@@ -611,7 +611,7 @@ def test_auto_decodes_plainly_now_and_then_to_measure_the_target_alone():
         k, rows = model_draft(policy, policy.choose("model"), [0.5] * 16)
         ks.append(k)
         t, draft = t1 * ratios[k], rows * 0.3 * t1
-        policy.observe(RoundOutcome(k, 1 if k else 0, "model", t, draft, t + draft,
+        policy.observe(outcome(k, 1 if k else 0, "model", t, draft, t + draft,
                                     draft_behind=0 if k else 1, confidences=(0.5,) * k,
                                     draft_rows=rows))
     plain = [i for i, k in enumerate(ks) if k == 0]
@@ -642,14 +642,14 @@ def test_a_verify_cost_learnt_in_a_busy_spell_is_forgotten_in_time():
     for _ in range(TUNING.average_first + 2):  # the spell
         for k in range(st.k_max + 1):
             t = (3.0 if k else 1.0) * t1 * ratios[k]
-            st.learn_costs(RoundOutcome(k, k, "lookup", t, 0.0, t))
+            st.learn_costs(outcome(k, k, "lookup", t, 0.0, t))
     assert st.loop.t(3) > 2 * t1 * ratios[2]
     fixed_acceptance(st, "lookup", 0.95)
 
     def round_now() -> int:
         k = policy.choose("lookup", 4)
         t = t1 * ratios[k]
-        policy.observe(RoundOutcome(k, k, "lookup", t, 0.0, t))
+        policy.observe(outcome(k, k, "lookup", t, 0.0, t))
         return k
 
     ks = [round_now() for _ in range(TUNING.probe_every_max + 20)]
@@ -669,9 +669,9 @@ def test_a_draft_step_learnt_in_a_busy_spell_is_forgotten_in_time():
     st = state_for(FLAT_RATIOS, t1=t1, draft_ratio=0.3)
     policy = AutoDraftLength(st)
 
-    def model_round(k: int, each: float) -> RoundOutcome:
+    def model_round(k: int, each: float) -> RoundVerified:
         t, d = t1 * FLAT_RATIOS[k], k * each
-        return RoundOutcome(k, k, "model", t, d, t + d, draft_steps_s=max(0, k - 1) * each,
+        return outcome(k, k, "model", t, d, t + d, draft_steps_s=max(0, k - 1) * each,
                             draft_rows=k, draft_behind=0 if k else 1)
 
     for _ in range(12):  # the spell
@@ -747,12 +747,12 @@ def test_a_batch_size_is_learnt_from_its_second_decode_on():
     st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3)
     loop = st.loop
     for _ in range(TUNING.first_rounds):  # past the decoder's first rounds
-        st.learn_costs(RoundOutcome(0, 0, "model", 0.04, 0.0, 0.04))
+        st.learn_costs(outcome(0, 0, "model", 0.04, 0.0, 0.04))
     calibrated = loop.t(5)
-    st.learn_costs(RoundOutcome(4, 4, "model", 3 * calibrated, 0.0, 3 * calibrated))
+    st.learn_costs(outcome(4, 4, "model", 3 * calibrated, 0.0, 3 * calibrated))
     assert loop.t(5) == pytest.approx(calibrated)
     for measured in (1.2, 1.3, 1.25):
-        st.learn_costs(RoundOutcome(4, 4, "model", measured * calibrated, 0.0, 0.0))
+        st.learn_costs(outcome(4, 4, "model", measured * calibrated, 0.0, 0.0))
     assert loop.t(5) == pytest.approx(1.25 * calibrated, rel=0.01)  # their mean
 
 

@@ -60,7 +60,7 @@ def test_a_recurrent_target_alone_works_and_refuses_lookup_drafting(mamba):
         assert res.tokens and res.stats.target_steps == len(res.tokens)
         with pytest.raises(IncompatiblePairError, match="target tiny-mamba.gguf is a recurrent"):
             dec.generate("the cat", max_tokens=4, sampling=GREEDY, draft_max=3,
-                         draft_mode="lookup")
+                         drafters=("lookup",))
     finally:
         dec.close()
 

@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.engine import backend, llama, rpc
-from specllama.engine.backend import rpc_available
+from specllama.engine import llama
+from specllama.engine.llama import backend, rpc
+from specllama.engine.llama.backend import rpc_available
 from specllama.errors import RpcError
 from specllama.policy.calibration import cache_key, cache_path
 
@@ -373,14 +374,10 @@ def test_connections_to_the_server_get_keepalive(server, tiny_target):
 
 
 def _bench_module():
-    """bench/rpc_latency.py (not a package): its tracing proxy."""
-    import importlib.util
+    """bench/rpc_latency.py: its tracing proxy."""
+    import bench.rpc_latency
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "rpc_latency.py"
-    spec = importlib.util.spec_from_file_location("rpc_latency_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.rpc_latency
 
 
 def test_one_round_trip_per_decode_once_a_batch_size_is_warm(tiny_target):

@@ -7,6 +7,7 @@ from specllama import InvalidParameterError, SamplingParams
 from specllama.engine.sampling import (
     Verdict,
     acceptance_probability,
+    check_proposal,
     confidence,
     first_draft_acceptance,
     on_target_vocab,
@@ -61,6 +62,24 @@ def test_deterministic_draft_q_none_reproduces_p():
         out[d] += accept
         out += (1 - accept) * residual(p, None, d)
         np.testing.assert_allclose(out, p, atol=1e-12)
+
+
+@pytest.mark.parametrize("proposed", [0, 2, 4])
+def test_a_checked_proposal_follows_p_whatever_was_proposed(proposed):
+    """A draft model checking a lookup's guess keeps its own law: seeded draws of
+    check_proposal against the exact p, for a likely, an unlikely and an impossible guess."""
+    p = np.array([0.5, 0.25, 0.15, 0.1, 0.0])
+    rng = np.random.default_rng(proposed)
+    n = 40_000
+    counts = np.bincount([check_proposal(p, proposed, rng) for _ in range(n)], minlength=5)
+    assert counts[4] == 0
+    expected = p * n
+    chi2 = float(((counts[:4] - expected[:4]) ** 2 / expected[:4]).sum())
+    assert chi2 < 16.3, (counts, expected)  # 3 degrees of freedom, p > 0.001
+    # and the test would see a rule that keeps the guess: all mass on it
+    kept = np.zeros(5)
+    kept[proposed] = n
+    assert float(((kept[:4] - expected[:4]) ** 2 / expected[:4]).sum()) > 16.3
 
 
 def test_accept_always_would_give_q_not_p():

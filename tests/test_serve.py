@@ -360,10 +360,10 @@ class InProcessServer:
 
     def __init__(self, decoder: SpeculativeDecoder, model: str) -> None:
         self.model, self.log = model, []
-        self.worker = Worker(Engine(decoder), max_waiting=8, draft_max=0, draft_mode="lookup",
+        self.worker = Worker(Engine(decoder), max_waiting=8, draft_max=0, drafters=("lookup",),
                              log=self.log.append)
         config = ServeConfig(model, Defaults(SamplingParams(temperature=0.0), 8),
-                             draft_max=0, draft_mode="lookup", n_ctx=decoder.n_ctx)
+                             draft_max=0, drafters=("lookup",), n_ctx=decoder.n_ctx)
         app = create_app(self.worker, config, decoder.target, self.log.append)
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         sock = listen("127.0.0.1", 0)
@@ -450,7 +450,7 @@ def test_the_cost_measurement_runs_on_the_decoding_thread(tiny_target):
     seen: list[int] = []
     engine = Engine(decoder, prepare=lambda: (time.sleep(0.2),
                                               seen.append(threading.get_ident())))
-    worker = Worker(engine, max_waiting=1, draft_max=0, draft_mode="lookup")
+    worker = Worker(engine, max_waiting=1, draft_max=0, drafters=("lookup",))
     try:
         worker.start()
         assert seen == [worker._thread.ident]
@@ -600,8 +600,9 @@ def _hand_over(stream: bool, n: int = 3000) -> tuple[list[list], int]:
     from specllama import Finished, GenerationResult, RoundVerified, Stats, TextFlushed
     from specllama.server.worker import _END, Job
 
-    verdict = RoundVerified(drafted=(), accepted=0, token=1, kind="plain", emitted=1, p=(),
-                            q=(), source="model", draft_s=0.0, target_s=0.0, seconds=0.0)
+    verdict = RoundVerified(drafted=(), origins=(), accepted=0, token=1, kind="plain",
+                            emitted=1, p=(), q=(), source="model", draft_s=0.0, target_s=0.0,
+                            seconds=0.0)
     result = GenerationResult([1] * n, "x" * n, "length", Stats(), 3)
 
     async def main() -> tuple[list[list], int]:

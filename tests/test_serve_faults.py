@@ -16,7 +16,7 @@ import httpx
 import pytest
 from servers import RpcServerProcess, ServerProcess
 
-from specllama.engine.backend import rpc_available
+from specllama.engine.llama.backend import rpc_available
 
 pytestmark = pytest.mark.skipif(not rpc_available(),
                                 reason="llama-cpp-python built without GGML_RPC")

@@ -27,7 +27,7 @@ def rss_kib() -> int:
 def test_a_long_chat_keeps_its_caches_consistent_and_its_memory_flat(tiny_target, tiny_draft):
     dec = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=256, n_threads=1, p_min=0.0)
     settings = RunSettings(temperature=0.9, seed=5, max_tokens=80,
-                           draft_max="auto", draft_mode="model", n_ctx=dec.n_ctx, threads=1)
+                           draft_max="auto", drafters=("model",), n_ctx=dec.n_ctx, threads=1)
     session = ChatSession(dec, settings, system="You are terse.")
     target, draft = dec.target, dec.draft
     trims = rounds = generated_total = 0

@@ -23,14 +23,8 @@ import specllama
 from specllama.errors import DraftDerivationError, ModelLoadError
 from specllama.models import derive
 from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
-from specllama.models.sources import (
-    cache_dir,
-    derived_path,
-    locations,
-    resolve_pair,
-    resolve_source,
-    source_status,
-)
+from specllama.models.sources import cache_dir, derived_path, resolve_pair, resolve_source
+from specllama.models.status import locations, source_status
 
 GGUF_BYTES = b"GGUF" + b"\x03\x00\x00\x00" + bytes(range(64))
 

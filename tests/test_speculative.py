@@ -39,7 +39,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def dec(tiny_target, tiny_draft):
     d = SpeculativeDecoder.load(tiny_target, tiny_draft, n_ctx=512, n_threads=1, p_min=0.0,
-                                draft_mode="model")
+                                drafters="model")
     yield d
     d.close()
 
@@ -47,7 +47,7 @@ def dec(tiny_target, tiny_draft):
 @pytest.fixture(scope="module")
 def dec_same(tiny_target, tiny_draft_same):
     d = SpeculativeDecoder.load(tiny_target, tiny_draft_same, n_ctx=512, n_threads=1, p_min=0.0,
-                                draft_mode="model")
+                                drafters="model")
     yield d
     d.close()
 
@@ -336,7 +336,7 @@ class _PauseThenDraft:
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, seed=3)])
 def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sampling):
-    """The round that drafts after 12 plain steps carries, in RoundOutcome.shadow, the
+    """The round that drafts after 12 plain steps carries, in ModelWork.shadow, the
     draft's first-draft acceptance at each of them: greedy, whether its argmax was the
     target's token; sampled, min(1, q(x)/p(x)), with p and q read here by teacher forcing."""
     prompt = dec.tokenize("Once upon a time")
@@ -345,7 +345,7 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     if sampling.greedy:
         assert res.tokens == dec.generate(prompt, max_tokens=30, sampling=GREEDY,
                                           draft_max=0).tokens
-    shadows = [o.shadow for o in policy.outcomes]
+    shadows = [o.work.shadow for o in policy.outcomes]
     assert all(not s for s in shadows[:12]) and all(not s for s in shadows[13:])
     shadow = shadows[12]
     assert len(shadow) == 12
@@ -387,13 +387,13 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     assert again.tokens[:12] == res.tokens[:12]  # the target alone drew them
     kept = [e for e, top in zip(expected, tops) if top >= p_min]
     assert 0 < len(kept) < 12
-    assert policy.outcomes[12].shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)
+    assert policy.outcomes[12].work.shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)
 
 
 def test_a_greedy_draft_reads_its_confidence_only_for_a_stop_rule(dec, monkeypatch):
     """Greedy, the draft's confidence is a softmax over the whole vocabulary: a fixed draft
     length never asks for it, a policy with a stop rule (auto) gets it at every row."""
-    import specllama.engine.drafts as drafts
+    import specllama.engine.drafting.model as drafts
 
     real, calls = drafts.confidence, []
 

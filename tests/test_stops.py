@@ -104,7 +104,7 @@ def test_a_stop_at_the_very_start_keeps_nothing(dec, full):
 def test_the_stop_cut_reads_each_token_once():
     """Where a stop string ends a long output, finding the token it begins in decodes the
     output once, not every prefix of it (that was quadratic in the output's length)."""
-    from specllama.engine.rounds import tokens_covering
+    from specllama.engine.loop.rounds import tokens_covering
 
     reads = []
 
@@ -120,7 +120,7 @@ def test_the_stop_cut_reads_each_token_once():
 def test_the_stop_cut_keeps_a_character_split_across_tokens_whole():
     """'é' is two bytes in two tokens before a stop at character 2: both are kept, and the
     half of it alone counts no character."""
-    from specllama.engine.rounds import tokens_covering
+    from specllama.engine.loop.rounds import tokens_covering
 
     pieces = {0: b"a", 1: "é".encode()[:1], 2: "é".encode()[1:], 3: b"STOP"}
     assert tokens_covering(pieces.__getitem__, [0, 1, 2, 3], 2) == 3

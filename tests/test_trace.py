@@ -222,7 +222,7 @@ def test_chat_saves_the_trace_page(decoder, chromium, tmp_path):
     from specllama.cli.options import RunSettings
 
     settings = RunSettings(temperature=0.0, max_tokens=12,
-                           draft_max=3, draft_mode="model", n_ctx=256, threads=1,
+                           draft_max=3, drafters=("model",), n_ctx=256, threads=1,
                            target="t.gguf", draft="d.gguf")
     session = ChatSession(decoder, settings)
     for message in ("hello world", "the cat <b>and</b> the dog"):

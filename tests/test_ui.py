@@ -3,7 +3,7 @@
 import io
 
 from specllama.cli.ui import TokenPrinter
-from specllama.engine.events import TargetToken, TextFlushed, TokensAccepted
+from specllama.engine.loop.events import TargetToken, TextFlushed, TokensAccepted
 
 
 def test_token_printer_colours_accepted_and_target_tokens():
@@ -28,12 +28,21 @@ def test_stats_count_spliced_tokens_by_origin_and_say_so():
     from rich.console import Console
 
     from specllama.cli.ui import stats_table
-    from specllama.engine.stats import Stats
+    from specllama.engine.loop.events import RoundVerified
+    from specllama.engine.loop.stats import Stats
+
+    def round_of(origins, accepted, source):
+        k = len(origins)
+        return RoundVerified(drafted=(7,) * k, origins=origins, accepted=accepted, token=8,
+                             kind="correction" if accepted < k else "bonus",
+                             emitted=accepted + 1, p=(None,) * k, q=(1.0,) * k, source=source,
+                             draft_s=0.0, target_s=0.0, seconds=0.0)
 
     stats = Stats()
     # a model draft of 6 whose tokens 2-4 came from earlier replies; 4 accepted
-    stats.record_round(6, 4, 5, spliced=[2, 3, 4], spliced_origin="session")
-    stats.record_round(3, 3, 4, origin="session")  # a lookup draft
+    stats.record(round_of(("model", "model", "session", "session", "session", "model"), 4,
+                          "model"))
+    stats.record(round_of(("session",) * 3, 3, "lookup"))  # a lookup draft
     assert (stats.spliced, stats.spliced_accepted) == (3, 2)
     assert stats.origin_drafted == {"session": 6} and stats.origin_accepted == {"session": 5}
     console = Console(file=io.StringIO(), width=200)

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ..engine.constraint import ConstraintSpec
 from ..engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from ..engine.events import Finished
+from ..engine.loop.events import Finished
 from ..errors import ConstraintError, InvalidParameterError
 from ..policy.compare import Comparison, compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
@@ -120,7 +120,7 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         max_tokens=settings.max_tokens,
         sampling=settings.sampling,
         draft_max=settings.draft_max,
-        draft_mode=settings.draft_mode,
+        drafters=settings.drafters,
         stop=settings.stop,
         constraint=constraint,
         draft_prompt=draft_prompt,

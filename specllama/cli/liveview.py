@@ -23,7 +23,7 @@ from rich.cells import get_character_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from ..engine.events import (
+from ..engine.loop.events import (
     DraftProposed,
     Event,
     RoundVerified,
@@ -31,7 +31,7 @@ from ..engine.events import (
     TextFlushed,
     TokensAccepted,
 )
-from ..engine.textstream import TokenTexts
+from ..engine.loop.textstream import TokenTexts
 from .ui import ACCEPTED, PENDING, TARGET
 
 REJECTED = "dim red strike"

@@ -17,15 +17,14 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from ..engine.corpus import read_corpus
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.draftcache import tokenizer_fingerprint
-from ..engine.drafts import DEFAULT_DRAFT_MODE, check_draft_mode
+from ..engine.drafting.chain import DEFAULT_DRAFTERS, check_drafters
+from ..engine.drafting.corpus import read_corpus
+from ..engine.drafting.draftcache import tokenizer_fingerprint
 from ..engine.settings import (
     DRAFT_MAX_WORDS,
     LIVE_SETTINGS,
     SETTINGS,
-    DraftMode,
     Overrides,
     Settings,
     validate_setting,
@@ -147,7 +146,7 @@ class RunSettings(Settings):
     """Every setting of a run, resolved, and what it runs: what --json reports and /set
     changes. Its settings are the table's (engine/settings.py), so a new one follows."""
 
-    draft_mode: DraftMode = DEFAULT_DRAFT_MODE  # resolved for the pair loaded
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS  # resolved for the pair loaded
     pair: str | None = None
     target: str = ""
     draft: str = ""
@@ -251,8 +250,8 @@ def open_decoder(run: RunOptions, console: Console, *,
 
     choice = choose_models(run, progress)
     merged = resolve_settings(run, choice.pair)
-    draft_mode = merged.draft_mode or (DEFAULT_DRAFT_MODE if choice.draft else "lookup")
-    check_draft_mode(draft_mode, has_draft_model=choice.draft is not None)
+    drafters = check_drafters(merged.drafters or (DEFAULT_DRAFTERS if choice.draft else
+                                                   ("lookup",)), choice.draft is not None)
     constraint = merged.constraint  # a bad schema, grammar or regex fails before loading
     if constraint is not None:
         constraint.grammar()
@@ -285,7 +284,7 @@ def open_decoder(run: RunOptions, console: Console, *,
                       f"{merged.n_ctx}: llama.cpp rounds it up to what it supports")
     resolved: dict[str, Any] = {f.name: getattr(merged, f.name) for f in fields(merged)}
     # What was loaded: the context llama.cpp gave, the threads chosen, the servers used.
-    resolved.update(draft_mode=draft_mode, n_ctx=decoder.n_ctx,
+    resolved.update(drafters=drafters, n_ctx=decoder.n_ctx,
                     threads=decoder.target.n_threads, rpc=rpc)
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
                            target=str(choice.target), draft=choice.draft_label)

@@ -7,14 +7,14 @@ import time
 
 import click
 
-from ..engine.agreement import measure
-from ..engine.crossvocab import CrossVocabDraft
+from ..engine.checks import batch_invariance, measure
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafts import DraftMode
+from ..engine.drafting.crossvocab import CrossVocabDraft
 from ..engine.sampling import SamplingParams
 from ..errors import SpecLlamaError
 from ..models.config import Pair, find_and_load_config, packaged_config_path
-from ..models.sources import locations, pending_downloads, resolve_pair, source_status
+from ..models.sources import resolve_pair
+from ..models.status import locations, pending_downloads, source_status
 from .ui import stderr_console
 
 #: What `pairs check` generates from: a chat question, then raw text and code (a base
@@ -25,6 +25,7 @@ CHECK_PROMPTS = (
     "def is_prime(n):\n",
 )
 AGREEMENT_TOKENS = 32
+BATCH_CHECK_TOKENS = 24
 
 
 def _vocabularies(dec: SpeculativeDecoder) -> str:
@@ -103,8 +104,9 @@ def pairs_show(name: str | None, config_path: str | None) -> None:
               help="Temperature of the acceptance estimate.")
 def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int,
                 threads: int | None, temperature: float) -> None:
-    """Load each pair (or NAMES), check the vocabularies match, and time a short
-    generation with and without the draft: the command to run when something seems off."""
+    """Load each pair (or NAMES), check the vocabularies match, time a short generation
+    with and without the draft, and check the target's batched decodes agree with its
+    single-token ones: the command to run when something seems off."""
     err = stderr_console()
     config = find_and_load_config(config_path)
     failed = 0
@@ -132,34 +134,41 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
             failed += 1
             click.echo(f"{name}: FAILED: {exc}")
             continue
-        tokens = dec.target.prompt(CHECK_PROMPTS[0])
-        greedy = SamplingParams(temperature=0.0)
-        mode: DraftMode = "model" if dec.draft is not None else "lookup"
-        dec.generate(tokens, max_tokens=2, sampling=greedy, draft_max=0)  # page the weights in
-        alone = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=0)
-        spec = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=4,
-                            draft_mode=mode)
-        same = "identical" if spec.tokens == alone.tokens else "DIFFERENT"
-        base = alone.stats.tokens_per_s
-        ratio = spec.stats.tokens_per_s / base if base else 0.0
-        click.echo(
-            f"{name}: ok: {_vocabularies(dec)}; loaded in {load_s:.1f} s; greedy output {same} "
-            f"to the target alone; acceptance {spec.stats.acceptance_rate:.0%} at k=4, "
-            f"{spec.stats.tokens_per_step:.2f} tokens/step; {spec.stats.tokens_per_s:.1f} tok/s "
-            f"vs {alone.stats.tokens_per_s:.1f} alone ({ratio:.2f}x)"
-        )
-        if dec.draft is not None:
-            prompts = [dec.target.prompt(p) for p in CHECK_PROMPTS]
-            hot = SamplingParams(temperature=temperature)
-            seen = measure(dec, prompts, AGREEMENT_TOKENS, hot)
-            click.echo(
-                f"  agreement over {seen.positions} positions of the target's text: the "
-                f"draft may propose {seen.mass_inside:.0%} of its probability mass; its top "
-                f"token is the target's {seen.greedy:.0%} of the time (greedy acceptance); "
-                f"a draft is accepted {seen.alpha:.0%} of the time at T = {temperature:g}"
-            )
+        _report(dec, name, load_s, max_tokens, temperature)
         dec.close()
     if failed:
         sys.exit(1)
 
+
+def _report(dec: SpeculativeDecoder, name: str, load_s: float, max_tokens: int,
+            temperature: float) -> None:
+    """The lines of one loaded pair: a timed greedy generation with and without drafts,
+    whether the target is batch-invariant here, and the draft's agreement."""
+    tokens = dec.target.prompt(CHECK_PROMPTS[0])
+    greedy = SamplingParams(temperature=0.0)
+    drafters = ("model",) if dec.draft is not None else ("lookup",)
+    dec.generate(tokens, max_tokens=2, sampling=greedy, draft_max=0)  # page the weights in
+    alone = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=0)
+    spec = dec.generate(tokens, max_tokens=max_tokens, sampling=greedy, draft_max=4,
+                        drafters=drafters)
+    same = "identical" if spec.tokens == alone.tokens else "DIFFERENT"
+    base = alone.stats.tokens_per_s
+    ratio = spec.stats.tokens_per_s / base if base else 0.0
+    click.echo(
+        f"{name}: ok: {_vocabularies(dec)}; loaded in {load_s:.1f} s; greedy output {same} "
+        f"to the target alone; acceptance {spec.stats.acceptance_rate:.0%} at k=4, "
+        f"{spec.stats.tokens_per_step:.2f} tokens/step; {spec.stats.tokens_per_s:.1f} tok/s "
+        f"vs {alone.stats.tokens_per_s:.1f} alone ({ratio:.2f}x)"
+    )
+    click.echo("  " + batch_invariance(dec, tokens, BATCH_CHECK_TOKENS).describe())
+    if dec.draft is not None:
+        prompts = [dec.target.prompt(p) for p in CHECK_PROMPTS]
+        hot = SamplingParams(temperature=temperature)
+        seen = measure(dec, prompts, AGREEMENT_TOKENS, hot)
+        click.echo(
+            f"  agreement over {seen.positions} positions of the target's text: the "
+            f"draft may propose {seen.mass_inside:.0%} of its probability mass; its top "
+            f"token is the target's {seen.greedy:.0%} of the time (greedy acceptance); "
+            f"a draft is accepted {seen.alpha:.0%} of the time at T = {temperature:g}"
+        )
 

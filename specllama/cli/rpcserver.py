@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from ..engine.backend import serve_rpc
-from ..engine.rpc import DEFAULT_PORT, check_host, is_loopback
+from ..engine.llama.backend import serve_rpc
+from ..engine.llama.rpc import DEFAULT_PORT, check_host, is_loopback
 from ..errors import RpcError
 
 # The warning llama.cpp's own rpc-server prints (tools/rpc/rpc-server.cpp).

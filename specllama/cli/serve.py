@@ -65,7 +65,7 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
             defaults=server.Defaults(settings.sampling, settings.max_tokens,
                                      settings.constraint),
             draft_max=settings.draft_max,
-            draft_mode=settings.draft_mode,
+            drafters=settings.drafters,
             n_ctx=settings.n_ctx,
             api_key=api_key,
             max_waiting=max_waiting,

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ..engine.events import Event, Finished, GenerationResult, RoundVerified
-from ..engine.stats import Stats
-from ..engine.textstream import TokenTexts
+from ..engine.loop.events import Event, Finished, GenerationResult, RoundVerified
+from ..engine.loop.stats import Stats
+from ..engine.loop.textstream import TokenTexts
 from ..errors import InvalidParameterError
 from .tracepage import PageGeneration, TraceToken, render_page, trace_meta
 
@@ -92,10 +92,12 @@ class TraceRecorder:
         rest = self._texts.peek(ev.drafted[shown:])  # rejected (or cut short by EOS)
         rejected = rest if ends_with_target else []
         target_text = self._texts.take((ev.token,))[0] if ends_with_target else None
-        chips = [TraceToken(t, s, "accepted", n, i + 1, ev.p[i], ev.q[i], origin=ev.origin)
+        # where each draft's text was seen ("" for a model's or a constraint's own)
+        seen = ["" if o in ("model", "forced") else o for o in ev.origins]
+        chips = [TraceToken(t, s, "accepted", n, i + 1, ev.p[i], ev.q[i], origin=seen[i])
                  for i, (t, s) in enumerate(zip(ev.drafted, accepted))]
         chips += [TraceToken(t, s, "rejected", n, shown + i + 1, ev.p[shown + i], ev.q[shown + i],
-                             origin=ev.origin)
+                             origin=seen[shown + i])
                   for i, (t, s) in enumerate(zip(ev.drafted[shown:], rejected))]
         if target_text is not None:
             chips.append(TraceToken(ev.token, target_text, "target", n, None,
@@ -105,6 +107,7 @@ class TraceRecorder:
             "round": n,
             "source": ev.source,
             "origin": ev.origin,
+            "origins": list(ev.origins),
             "drafted": list(ev.drafted),
             "drafted_text": accepted + rest,
             "accepted": ev.accepted,

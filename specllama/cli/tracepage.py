@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import jinja2
 
-from ..engine.stats import Stats
+from ..engine.drafting.chain import show_drafters
+from ..engine.loop.stats import Stats
 
 ChipKind = Literal["accepted", "rejected", "target"]
 
@@ -114,5 +115,5 @@ def trace_meta(settings: dict[str, Any]) -> str:
         models += " + " + (settings["draft"] if settings["draft"] == "lookup"
                            else Path(settings["draft"]).name)
     return (f"{models} · temperature {settings['temperature']:g} · draft_max "
-            f"{settings['draft_max']} · draft_mode {settings['draft_mode']}"
+            f"{settings['draft_max']} · drafters {show_drafters(settings['drafters'])}"
             + (f" · seed {settings['seed']}" if settings["seed"] is not None else ""))

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
-from ..engine.stats import Stats
+from ..engine.loop.events import DraftProposed, Event, TargetToken, TextFlushed, TokensAccepted
+from ..engine.loop.stats import Stats
 from ..policy.compare import Comparison
 from ..policy.cpumeter import BUSY_WARN
 

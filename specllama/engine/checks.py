@@ -6,6 +6,11 @@ tokens it may propose (all of it for a pair that shares a tokenizer; the interse
 a cross-vocabulary one), whether its likeliest allowed token is the target's (greedy
 acceptance), and sum_x min(p(x), q(x)) at the given temperature: the chance a drafted
 token is accepted there (Leviathan et al.'s alpha).
+
+And whether the target is batch-invariant here: verifying reads a draft's rows from one
+batched decode, the target alone reads each from a single-token one. Where the two kernels
+pick different argmaxes (a quantized target, near-ties), greedy speculative output can part
+from the target alone's, each still the target's own choice.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .crossvocab import CrossVocabDraft
 from .decoder import SpeculativeDecoder
+from .drafting.crossvocab import CrossVocabDraft
 from .sampling import SamplingParams, probabilities
 
 
@@ -69,6 +74,57 @@ def measure(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], n_tok
     n = len(greedy)
     mean = (lambda xs: float(np.mean(xs)) if xs else 0.0)  # noqa: E731
     return Agreement(n, mean(inside), mean(greedy), mean(alpha) if alpha else mean(greedy))
+
+
+@dataclass(frozen=True)
+class BatchInvariance:
+    positions: int
+    agree: int  # positions whose argmax is the same token both ways
+    first_part: int | None  # the first position where it is not
+    max_diff: float  # largest absolute logit difference over every row
+
+    @property
+    def invariant(self) -> bool:
+        return self.agree == self.positions
+
+    def describe(self) -> str:
+        diff = f"max logit difference {self.max_diff:.2g}"
+        if self.invariant:
+            return (f"batched and single-token decodes agree (argmax at {self.agree}/"
+                    f"{self.positions} positions, {diff})")
+        return (f"batched and single-token decodes part: the argmax differs at "
+                f"{self.positions - self.agree} of {self.positions} positions, first at "
+                f"position {(self.first_part or 0) + 1} ({diff}); greedy output may then "
+                f"differ from the target alone's, while staying the target's own distribution")
+
+
+def batch_invariance(decoder: SpeculativeDecoder, prompt: Sequence[int],
+                     n_tokens: int) -> BatchInvariance:
+    """Decode the target's greedy continuation of `prompt` one token at a time, then the
+    same tokens again in one batch, and compare the rows they give. The caches are
+    cleared first and after."""
+    target = decoder.target
+    decoder.reset()
+    target.decode(list(prompt), "last")
+    fed = [int(np.argmax(target.logits_row(-1)))]
+    single: list[np.ndarray] = []
+    limit = min(n_tokens, target.n_batch, decoder.n_ctx - len(prompt) - 1)
+    while len(single) < limit and not target.is_eog(fed[-1]):
+        target.decode([fed[-1]], "last")
+        single.append(target.logits_row(-1).copy())
+        fed.append(int(np.argmax(single[-1])))
+    fed = fed[: len(single)]
+    target.truncate(len(prompt))
+    target.decode(fed, "all")
+    parts, max_diff = [], 0.0
+    for i, row in enumerate(single):
+        batched = target.logits_row(i)
+        max_diff = max(max_diff, float(np.abs(batched - row).max()))
+        if int(np.argmax(batched)) != int(np.argmax(row)):
+            parts.append(i)
+    decoder.reset()
+    n = len(single)
+    return BatchInvariance(n, n - len(parts), parts[0] if parts else None, max_diff)
 
 
 def _mass_inside(drafter: object, restricted: np.ndarray) -> float:

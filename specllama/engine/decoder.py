@@ -1,5 +1,6 @@
 """The decoder: a target model, optionally a draft model, and the API of a generation
-(`generate`, `stream`). The round loop itself is `engine/rounds.py`.
+(`generate`, `stream`). The round loop itself is `engine/loop/rounds.py`; who drafts,
+`engine/drafting/chain.py`.
 """
 
 from __future__ import annotations
@@ -9,54 +10,34 @@ from pathlib import Path
 
 from ..errors import ContextOverflowError, InvalidParameterError
 from ..paths import cache_dir
-from .compat import check_compatible, check_rewindable, compatible
 from .constraint import Constraint, ConstraintSpec
-from .crossvocab import CrossVocabDraft, VocabMap, check_intersection
-from .draftcache import DraftCache
-from .drafts import DEFAULT_DRAFT_MODE, DraftMode, DraftStrategy, ModelDraft, check_draft_mode
-from .events import Event, GenerationResult
-from .lengths import DraftMax, make_policy
+from .drafting.chain import (
+    DEFAULT_DRAFTERS,
+    DraftChain,
+    Drafters,
+    build_chain,
+    check_drafters,
+)
+from .drafting.crossvocab import CrossVocabDraft
+from .drafting.draftcache import DraftCache
+from .drafting.vocabmap import VocabMap, check_intersection
 from .llama import DraftModel, Model
-from .lookup import HybridDraft, LookupDraft
-from .rounds import Generation, GenerationStream
+from .llama.compat import check_compatible, check_rewindable, compatible
+from .loop.events import Event, GenerationResult
+from .loop.lengths import DraftMax, make_policy
+from .loop.rounds import Generation, GenerationStream
 from .sampling import SamplingParams
 from .settings import default, validate_setting
 
-__all__ = ["GenerationResult", "GenerationStream", "SpeculativeDecoder", "make_strategy"]
+__all__ = ["GenerationResult", "GenerationStream", "SpeculativeDecoder"]
 
 # The API's defaults are the settings table's, the same as the command line's.
 DEFAULT_MAX_TOKENS: int = default("max_tokens")
 DEFAULT_DRAFT_MAX: DraftMax = default("draft_max")
 DEFAULT_P_MIN: float = default("p_min")
 
-
-def make_strategy(
-    mode: DraftMode, decoder: SpeculativeDecoder, target_p: dict[int, float] | None = None,
-    *, suffix_cache: bool = True, history: bool = True,
-) -> DraftStrategy | None:
-    """The draft strategy for a mode; None means the target decodes alone.
-
-    - "model": the draft model (none loaded: the target alone);
-    - "lookup": prompt lookup over prompt + generated text, no draft model used;
-    - "hybrid": lookup when the context has a match, the draft model otherwise
-      (refused without a draft model, as on the command line).
-
-    target_p: p(token) where the target drew alone (see ModelDraft). suffix_cache: lookups
-    copy from the decoder's cache too (a corpus, and with `history` earlier outputs),
-    not from the context alone.
-    """
-    archives = decoder.suffix_cache.archives(history) if suffix_cache else []
-    # "model" without a draft model is the target alone: a decoder made without one.
-    check_draft_mode(mode, None if mode == "model" else decoder.drafter is not None)
-    if decoder.drafter is None:
-        return LookupDraft(archives=archives) if mode == "lookup" else None
-    # A cross-vocabulary draft's rows are not the target's positions: no shadow reading.
-    shadow = None if decoder.cross_vocab else target_p
-    model = ModelDraft(decoder.drafter, decoder.p_min, shadow, decoder.target.is_eog)
-    if mode == "model":
-        return model
-    lookup = LookupDraft(archives=archives)
-    return lookup if mode == "lookup" else HybridDraft(lookup, model)
+#: Who drafts: names in order ("lookup,model"), a shorthand ("hybrid"), or () for nobody.
+DraftersArg = str | Sequence[str]
 
 
 class SpeculativeDecoder:
@@ -68,16 +49,16 @@ class SpeculativeDecoder:
         draft: Model | None = None,
         *,
         p_min: float = DEFAULT_P_MIN,
-        draft_mode: DraftMode | None = None,
+        drafters: DraftersArg | None = None,
         cross_vocab: bool = False,
     ) -> None:
-        """draft_mode: what stream()/generate() use when not told; None: "hybrid" with a
-        draft model, else "model" (the target alone). cross_vocab: a draft whose tokenizer
-        differs drafts through the tokens both vocabularies spell alike
-        (engine/crossvocab.py); without it such a pair is refused."""
-        if draft_mode is None:
-            draft_mode = DEFAULT_DRAFT_MODE if draft is not None else "model"
-        check_draft_mode(draft_mode)
+        """drafters: who drafts when stream()/generate() are not told; None: lookup then
+        the draft model with a draft model, else nobody (the target alone). cross_vocab: a
+        draft whose tokenizer differs drafts through the tokens both vocabularies spell
+        alike (engine/drafting/crossvocab.py); without it such a pair is refused."""
+        if drafters is None:
+            drafters = DEFAULT_DRAFTERS if draft is not None else ()
+        default_drafters = check_drafters(drafters, draft is not None) if drafters else ()
         #: The draft as the round loop drives it (in target ids); `draft` is the model.
         self.drafter: DraftModel | None = draft
         self.cross_vocab = False
@@ -94,7 +75,7 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = draft
         self.p_min: float = validate_setting("p_min", p_min)
-        self.default_draft_mode: DraftMode = draft_mode
+        self.default_drafters: Drafters = default_drafters
         # What draft-length policies keep across calls (auto: the measured costs).
         self.policy_state: dict[str, object] = {}
         # What lookups copy from beyond the context: earlier calls' outputs, a corpus.
@@ -109,17 +90,17 @@ class SpeculativeDecoder:
         n_ctx: int = default("n_ctx"),
         n_threads: int | None = default("threads"),
         p_min: float = DEFAULT_P_MIN,
-        draft_mode: DraftMode | None = None,
+        drafters: DraftersArg | None = None,
         target_rpc: Sequence[str] = (),
         cross_vocab: bool = False,
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
-        (the target alone). draft_mode: the default mode of generate()/stream();
-        None means "hybrid" with a draft model, "lookup" for draft="lookup", else
-        "model" (the target alone). target_rpc: HOST:PORT of llama.cpp RPC servers that
-        hold the target (the draft stays local)."""
-        if draft_mode is not None:
-            check_draft_mode(draft_mode)
+        (the target alone). drafters: who drafts when generate()/stream() are not told;
+        None means lookup then the draft model with a draft model, lookup for
+        draft="lookup", else nobody (the target alone). target_rpc: HOST:PORT of llama.cpp
+        RPC servers that hold the target (the draft stays local)."""
+        if drafters:
+            check_drafters(drafters)
         target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc)
         draft_model = None
         is_lookup = draft is not None and str(draft) == "lookup"
@@ -129,7 +110,7 @@ class SpeculativeDecoder:
             target_model,
             draft_model,
             p_min=p_min,
-            draft_mode=draft_mode or ("lookup" if is_lookup else None),
+            drafters=drafters or (("lookup",) if is_lookup else None),
             cross_vocab=cross_vocab,
         )
 
@@ -164,7 +145,7 @@ class SpeculativeDecoder:
         draft_max: DraftMax = DEFAULT_DRAFT_MAX,
         stop: Sequence[str] = (),
         keep_cache: bool = False,
-        draft_mode: DraftMode | None = None,
+        drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
         suffix_cache: bool = True,
@@ -173,7 +154,7 @@ class SpeculativeDecoder:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
-                             draft_mode=draft_mode, constraint=constraint,
+                             drafters=drafters, constraint=constraint,
                              logprobs=logprobs, suffix_cache=suffix_cache,
                              draft_prompt=draft_prompt)
         for _ in stream:
@@ -190,7 +171,7 @@ class SpeculativeDecoder:
         draft_max: DraftMax = DEFAULT_DRAFT_MAX,
         stop: Sequence[str] = (),
         keep_cache: bool = False,
-        draft_mode: DraftMode | None = None,
+        drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
         suffix_cache: bool = True,
@@ -202,36 +183,47 @@ class SpeculativeDecoder:
         sampling: SamplingParams() when None. draft_max: a draft length (0 = the
         target alone), "auto" (cost-aware), "heuristic", or a policy object.
         keep_cache=True reuses whatever prefix of `prompt` the caches already
-        hold (the chat REPL); otherwise every call starts clean. draft_mode:
-        "model", "lookup" or "hybrid" (see make_strategy); None means
-        `self.default_draft_mode`. constraint: a JSON schema, grammar or regex the
-        output follows (the target's distribution masked to what it allows; see
-        engine/constraint.py); unless draft_max is 0, the tokens it forces are drafted
-        for free. logprobs: n keeps each token's log-probability under the target and
-        its n likeliest alternatives in `result.logprobs` (0-20). suffix_cache: lookup
-        drafts copy from `self.suffix_cache` too (a corpus, a persisted cache, earlier
-        calls' outputs; not those where a seed is to repeat sampled output: a fixed
-        draft length, a seed and temperature > 0); False: from this call's context
-        alone. Either way the output joins the cache. draft_prompt: for a
-        cross-vocabulary pair, the draft's own tokens for the prompt (its chat template's
-        rendering of the same conversation, see `draft_prompt_for`); None: it reads the
-        target's text. Bad arguments raise here, before generating.
+        hold (the chat REPL); otherwise every call starts clean. drafters: who drafts,
+        in order ("lookup,model", a shorthand such as "hybrid", or () for nobody; see
+        engine/drafting/chain.py); None means `self.default_drafters`. constraint: a JSON
+        schema, grammar or regex the output follows (the target's distribution masked to
+        what it allows; see engine/constraint.py); unless draft_max is 0, the tokens it
+        forces are drafted for free. logprobs: n keeps each token's log-probability
+        under the target and its n likeliest alternatives in `result.logprobs` (0-20).
+        suffix_cache: lookup drafts copy from `self.suffix_cache` too (a corpus, a
+        persisted cache, earlier calls' outputs; not those where a seed is to repeat
+        sampled output: a fixed draft length, a seed and temperature > 0); False: from
+        this call's context alone. Either way the output joins the cache. draft_prompt:
+        for a cross-vocabulary pair, the draft's own tokens for the prompt (its chat
+        template's rendering of the same conversation, see `draft_prompt_for`); None: it
+        reads the target's text. Bad arguments raise here, before generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
             raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
                                         f"not {logprobs!r}")
-        mode = draft_mode or self.default_draft_mode
-        target_p: dict[int, float] = {}  # filled by the round loop, read by ModelDraft
-        # A seed repeats sampled output for a fixed draft length (README), and only if the
-        # drafts repeat too: then lookups copy from the context and the corpus, which
-        # earlier calls do not change (auto's lengths follow timings: no such promise).
-        history = params.greedy or params.seed is None or not isinstance(draft_max, int)
-        strategy = make_strategy(mode, self, target_p, suffix_cache=suffix_cache,
-                                 history=history)
-        if strategy is not None and draft_max != 0:
+        names = self.default_drafters if drafters is None else \
+            check_drafters(drafters, self.draft is not None) if drafters else ()
+        if names and draft_max != 0:
             check_rewindable(self.target, "target")  # lookup drafts are cut back too
+        committed = self._prompt(prompt)
+        matcher = None if constraint is None else \
+            Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
+        chain = self._chain(names, params, draft_max, suffix_cache,
+                            matcher if draft_max != 0 else None)
+        policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
+        generation = Generation(
+            self.target, chain, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
+            params=params, policy=policy, stop=stop, keep_cache=keep_cache,
+            constraint=matcher, logprobs=logprobs,
+        )
+        stream = GenerationStream()
+        aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]
+        stream._events = self._remembered(generation, stream, aliased)
+        return stream
+
+    def _prompt(self, prompt: str | Sequence[int]) -> list[int]:
         committed = self.tokenize(prompt)
         if not committed:
             raise InvalidParameterError("the prompt is empty")
@@ -240,19 +232,20 @@ class SpeculativeDecoder:
                 f"the prompt is {len(committed)} tokens but the context window holds "
                 f"{self.n_ctx}; raise n_ctx or shorten the prompt"
             )
-        matcher = None if constraint is None else \
-            Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
-        policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
-        generation = Generation(
-            self.target, self.drafter, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
-            params=params, policy=policy, mode=mode, strategy=strategy, stop=stop,
-            keep_cache=keep_cache, target_p=target_p, constraint=matcher,
-            force=draft_max != 0, logprobs=logprobs,
-        )
-        stream = GenerationStream()
-        aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]
-        stream._events = self._remembered(generation, stream, aliased)
-        return stream
+        return committed
+
+    def _chain(self, names: Drafters, params: SamplingParams, draft_max: DraftMax,
+               suffix_cache: bool, constraint: Constraint | None) -> DraftChain:
+        """Who drafts this call. A seed repeats sampled output for a fixed draft length
+        (README), and only if the drafts repeat too: then lookups copy from the context
+        and the corpus, which earlier calls do not change (auto's lengths follow timings:
+        no such promise)."""
+        history = params.greedy or params.seed is None or not isinstance(draft_max, int)
+        archives = self.suffix_cache.archives(history) if suffix_cache else []
+        # A cross-vocabulary draft's rows are not the target's positions: no shadow.
+        return build_chain(names, model=self.drafter, p_min=self.p_min,
+                           ends=self.target.is_eog, shadow=not self.cross_vocab,
+                           archives=archives, constraint=constraint)
 
     def draft_prompt_for(self, messages: list[dict[str, str]]) -> list[int] | None:
         """The draft's own chat-template rendering of a conversation (role/content

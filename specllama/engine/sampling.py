@@ -280,6 +280,16 @@ def residual(p: np.ndarray, q: np.ndarray | None, token: int) -> np.ndarray:
     return r / total
 
 
+def check_proposal(p: np.ndarray, token: int, rng: np.random.Generator) -> int:
+    """A token proposed with all its mass (a lookup), checked against p as the acceptance
+    rule checks any draft: kept with probability p(token), else a draw from the residual,
+    p without it. The result follows p exactly, whatever was proposed (the lookups that
+    feed a draft model: it verifies their tokens in one batch and keeps its own law)."""
+    if rng.random() < acceptance_probability(p, None, token):
+        return token
+    return sample(residual(p, None, token), rng)
+
+
 class Verdict(NamedTuple):
     """The acceptance rule's answer: `accepted` drafts, then `token`, the correction
     drawn from the residual or a token drawn from p itself (bonus, plain step), whose

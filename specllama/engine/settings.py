@@ -12,11 +12,12 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 from ..errors import ConstraintError, InvalidParameterError
 from .constraint import ConstraintSpec
-from .rpc import endpoint_problem
+from .drafting.chain import parse_drafters
+from .llama.rpc import endpoint_problem
 from .sampling import SamplingParams
 
 Check = Callable[[Any], "tuple[Any, str | None]"]
@@ -24,8 +25,6 @@ Check = Callable[[Any], "tuple[Any, str | None]"]
 #: Largest allowed draft_max (tokens drafted per round).
 DRAFT_MAX_LIMIT = 64
 DRAFT_MAX_WORDS = ("auto", "heuristic")
-DraftMode = Literal["model", "lookup", "hybrid"]
-DRAFT_MODES: tuple[DraftMode, ...] = get_args(DraftMode)
 
 
 def _kind(value: Any) -> str:
@@ -135,10 +134,13 @@ def _text(value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
-def _check_draft_mode(value: Any) -> tuple[Any, str | None]:
-    if value in DRAFT_MODES:
-        return value, None
-    return value, f"must be one of {', '.join(DRAFT_MODES)}, got {show(value)}"
+def _check_drafters(value: Any) -> tuple[Any, str | None]:
+    if value is None:
+        return None, None
+    try:
+        return parse_drafters(value), None
+    except InvalidParameterError as exc:
+        return value, str(exc).removeprefix("drafters ")
 
 
 @dataclass(frozen=True)
@@ -224,11 +226,13 @@ class Settings:
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)
-    # None: chosen by the pair (hybrid with a draft model, lookup without).
-    draft_mode: DraftMode | None = _row(
-        None, str, "Who drafts: the draft model, prompt lookup, or both (default: hybrid, "
-        "lookup where the text repeats itself and the draft model elsewhere; lookup when "
-        "there is no draft model).", _check_draft_mode, in_file=False, words=DRAFT_MODES)
+    # None: chosen by the pair (lookup,model with a draft model, lookup without).
+    drafters: tuple[str, ...] | None = _row(
+        None, str, "Who drafts, in order: lookup, model, lookup>model (the draft model "
+        "checking lookups' guesses), comma-separated (default: lookup,model, lookup where "
+        "the text repeats itself and the draft model elsewhere; lookup without a draft "
+        "model; 'hybrid' is lookup,model).", _check_drafters, aliases=("--draft-mode",),
+        metavar="NAMES")
     temperature: float = _row(0.8, float, "0 = greedy.", _float_in(0.0, None),
                               aliases=("--temp",))
     top_k: int = _row(0, int, "Keep the k most likely tokens (0 = off).", _int_at_least(0))
@@ -237,7 +241,9 @@ class Settings:
     min_p: float = _row(0.0, float, "Drop tokens below min_p × the top probability.",
                         _float_in(0.0, 1.0))
     max_tokens: int = _row(256, int, "Tokens to generate at most.", _int_at_least(1))
-    seed: int | None = _row(None, int, "Random seed (same seed, same output).", _seed_check)
+    seed: int | None = _row(None, int, "Random seed: with a fixed --draft-max, same seed, same "
+                            "output; under auto, drafts follow measured timings, so outputs may "
+                            "differ (each exact).", _seed_check)
     # 0.2 gains 1-5% where verifying is dear and is neutral where drafting pays
     # (docs/architecture.md, "The draft confidence cutoff").
     p_min: float = _row(0.2, float, "Stop a draft when the draft model's top token has less "

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..engine.gguf import is_gguf
+from ..engine.llama.gguf import is_gguf
 from ..errors import DraftDerivationError, SpecLlamaError
 from ..paths import CACHE_ENV_VAR, cache_dir
 
@@ -98,10 +98,50 @@ def _quantize(src: Path, dst: Path, quant: str, n_threads: int | None) -> None:
     quantize(src, dst, quant, n_threads)
 
 
+def _remove_stale_parts(directory: Path, name: str) -> None:
+    """Remove the temp files (``.NAME.*.part``) left in ``directory`` for ``name``. Call
+    it under the file's lock: temp files are only written under it, so any left now
+    belong to a process that was killed mid-way (SIGKILL, power loss)."""
+    for stale in directory.glob(f".{glob.escape(name)}.*.part"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
+def _quantize_checked(
+    target: Path, tmp: Path, quant: str, n_threads: int | None, *, role: str
+) -> None:
+    """Quantize ``target`` into ``tmp`` (beside the derived file): a cache directory
+    that cannot take the file, or a failure there for lack of room, says so."""
+    directory = tmp.parent
+    try:
+        _quantize(target, tmp, quant, n_threads)
+    except OSError as exc:
+        if exc.errno in _UNWRITABLE:
+            raise _unwritable(directory, exc) from None
+        raise DraftDerivationError(
+            f"deriving {quant} {role} from {target} failed: {exc}"
+        ) from exc
+    except DraftDerivationError as exc:
+        free = shutil.disk_usage(directory).free
+        if free < target.stat().st_size:
+            raise DraftDerivationError(
+                f"{exc}; the draft cache directory {directory} has only "
+                f"{free // 2**20} MiB free: free some space or set {CACHE_ENV_VAR} "
+                f"to a directory on another disk"
+            ) from exc
+        raise
+    if not (tmp.is_file() and tmp.stat().st_size > 0 and is_gguf(tmp)):
+        raise DraftDerivationError(
+            f"quantizing {target} to {quant} produced no valid GGUF file"
+        )
+
+
 def derive(
     target: Path, quant: str, *, n_threads: int | None, progress: Progress | None,
     role: str = "draft",
 ) -> Path:
+    """The ``quant`` requantization of ``target`` (the ``role`` it plays, in messages):
+    made once into :func:`derived_path`, then reused (``progress`` hears of it)."""
     dst = derived_path(target, quant)
     if dst.is_file() and is_gguf(dst):
         return dst
@@ -117,11 +157,7 @@ def derive(
                 return dst  # another process made it while we waited
             dst.unlink()  # not ours to keep: never a complete file (we write atomically)
         if fcntl is not None:
-            # Temp files are only written under this lock, so any left now belong to a
-            # process that was killed mid-way (SIGKILL, power loss): remove them.
-            for stale in directory.glob(f".{glob.escape(dst.name)}.*.part"):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+            _remove_stale_parts(directory, dst.name)
         if progress is not None:
             progress(f"deriving {quant} {role} from {target.name} (once; cached in {directory})")
         try:
@@ -131,27 +167,7 @@ def derive(
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            try:
-                _quantize(target, tmp, quant, n_threads)
-            except OSError as exc:
-                if exc.errno in _UNWRITABLE:
-                    raise _unwritable(directory, exc) from None
-                raise DraftDerivationError(
-                    f"deriving {quant} {role} from {target} failed: {exc}"
-                ) from exc
-            except DraftDerivationError as exc:
-                free = shutil.disk_usage(directory).free
-                if free < target.stat().st_size:
-                    raise DraftDerivationError(
-                        f"{exc}; the draft cache directory {directory} has only "
-                        f"{free // 2**20} MiB free: free some space or set {CACHE_ENV_VAR} "
-                        f"to a directory on another disk"
-                    ) from exc
-                raise
-            if not (tmp.is_file() and tmp.stat().st_size > 0 and is_gguf(tmp)):
-                raise DraftDerivationError(
-                    f"quantizing {target} to {quant} produced no valid GGUF file"
-                )
+            _quantize_checked(target, tmp, quant, n_threads, role=role)
             try:
                 os.replace(tmp, dst)
             except OSError as exc:
@@ -160,4 +176,3 @@ def derive(
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
     return dst
-

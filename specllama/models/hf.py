@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from ..engine.gguf import check_gguf_file
+from ..engine.llama.gguf import check_gguf_file
 from ..errors import ModelLoadError
 from .schema import HF_DEFAULT_REVISION, ModelSource
 

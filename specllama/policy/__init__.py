@@ -1,14 +1,13 @@
 """Draft-length policies beyond a fixed k: "auto" (cost-aware) and "heuristic".
 
 Importing this package registers them with the engine's round loop
-(`engine.lengths.NAMED_POLICIES`); `specllama/__init__.py` does so.
+(`engine.loop.lengths.NAMED_POLICIES`); `specllama/__init__.py` does so.
 """
 
-from ..engine.lengths import (
+from ..engine.loop.lengths import (
     NAMED_POLICIES,
     DraftLengthPolicy,
     FixedDraftLength,
-    RoundOutcome,
     make_policy,
 )
 from .auto import AutoDraftLength, AutoState
@@ -25,6 +24,5 @@ __all__ = [
     "DraftLengthPolicy",
     "FixedDraftLength",
     "HeuristicDraftLength",
-    "RoundOutcome",
     "make_policy",
 ]

@@ -55,7 +55,7 @@ class AcceptanceEstimate:
 
     def observe_first(self, chances: Sequence[float]) -> None:
         """Position 1 reached once per value, accepted with that probability (first-draft
-        acceptance measured without drafting: RoundOutcome.shadow)."""
+        acceptance measured without drafting: ModelWork.shadow)."""
         d = self.decay
         for chance in chances:
             self.reached = [r * d for r in self.reached]

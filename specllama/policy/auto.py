@@ -8,9 +8,10 @@ k > 0 is expected to be at least `margin` faster: never meaningfully slower than
 target alone. While paused it drafts a short probe now and then, ever more rarely, so
 the estimate can recover, but only where drafting could pay at an optimistic
 acceptance rate. A probe's draft model, catching up, also reports how often it would
-have guessed each token the target drew alone meanwhile (RoundOutcome.shadow): the
-estimate learns from every paused token, not just from the probe's two drafts. Every
-tuned number is a field of `AutoTuning` (`tuning`).
+have guessed each token the target drew alone meanwhile (ModelWork.shadow): the
+estimate learns from every paused token, not just from the probe's two drafts. Where
+each draft ends is the stop rule's (`stoprule`). Every tuned number is a field of
+`AutoTuning` (`tuning`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ..engine.lengths import DraftStep, RoundOutcome
+from ..engine.drafting.base import DraftStep
+from ..engine.loop.events import RoundVerified
 from .acceptance import AcceptanceEstimate, ConfidenceAcceptance
 from .costs import Decision, RoundCosts, decide, expected_tokens
 from .loopcosts import LoopCosts
 from .state import AutoState, SourceState
+from .stoprule import StopRule
 from .tuning import AutoTuning
 
 if TYPE_CHECKING:
-    from ..engine.lengths import PolicyHost
+    from ..engine.loop.lengths import PolicyHost
 
 __all__ = [
     "AcceptanceEstimate",
@@ -64,16 +67,13 @@ class AutoDraftLength:
     # the acceptance known before it): tokens and seconds, summed.
     _expected_s: float = 0.0
     _alone_s: float = 0.0  # the target alone, for the same expected tokens
-    _behind: int = 0  # committed tokens the draft model lacks (RoundOutcome.draft_behind)
+    _behind: int = 0  # committed tokens the draft model lacks (RoundVerified.behind)
     _deferred: int = 0  # prompt tokens left to the draft model (may_draft) until it drafts
     _model_asked: bool = False  # the draft model is in play in this call (hybrid drafting)
-    # The model draft of this round (see extend): the tokens per second its tokens must
-    # beat, and the chance that every token drafted so far is accepted.
-    _rate: float = 0.0
-    _reach: float = 1.0
-    _extending: str = "model"  # the source (key) of the draft `extend` is asked about
-    _gain: float = 1.0  # a lookup draft's expected tokens so far (see _extend_lookup)
-    _cost: float = 0.0  # and the seconds of verifying them
+    _stop: StopRule = field(init=False)  # where this call's drafts end
+
+    def __post_init__(self) -> None:
+        self._stop = StopRule(self.state)
 
     @property
     def tuning(self) -> AutoTuning:
@@ -165,8 +165,7 @@ class AutoDraftLength:
             # The rule of `extend` ends the draft (a probe's too, at probe_k); the rate
             # its tokens must beat is what drafting is expected to give, at least the
             # target alone's.
-            self._rate = max(1.0, decision.speedup) / src.costs.round_s(0)
-            self._extending = source
+            self._stop.begin(source, max(1.0, decision.speedup) / src.costs.round_s(0))
             if source == "model":
                 if decision.k > 0 and t.stop_rule_cap > 0:
                     k = max(k, min(t.stop_rule_cap, self.state.k_max))
@@ -208,59 +207,9 @@ class AutoDraftLength:
                                                                    + catch_up)
 
     def extend(self, j: int, confidence: float) -> DraftStep:
-        """Draw token j if what it adds, the chance it is accepted with all before it,
-        pays for verifying one more token at the rate drafting gives; read the next
-        row if a token of average acceptance there would pay for the draft step too.
-        `confidence`: the draft model's top probability, or for a lookup draft its
-        share of agreeing occurrences (learnt apart: `AutoState.confidence_of`; see
-        `_extend_lookup`).
-
-        A model draft's first token is always drawn: drafting was decided on its
-        acceptance, which thus stays measured on every round (a round cut before it
-        would teach nothing, and its draft step and wake-up are paid already)."""
-        if self._extending != "model":
-            return self._extend_lookup(j, confidence)
-        known, cap = self.state.confidence, self.tuning.stop_rule_cap
-        accept = known.rate(confidence)
-        known.read(accept)
-        if cap <= 0:
-            return "more"  # no stop rule: the draft runs to the k chosen
-        if j == 0:
-            self._reach = 1.0
-        costs = self.state.costs("model")
-        t, per_draft = costs.target, costs.overhead_per_draft
-        if j > 0 and self._reach * accept < self._rate * (t[j + 1] - t[j] + per_draft):
-            return "stop"
-        self._reach *= accept
-        # Going on pays if some number of further tokens, each of average acceptance,
-        # is worth its draft steps and verification at that rate.
-        gain, cost, run = 0.0, 0.0, self._reach
-        for n in range(j + 2, min(costs.k_max, cap) + 1):
-            run *= known.next_rate
-            gain += run
-            cost += costs.draft + per_draft + t[n] - t[n - 1]
-            if gain >= self._rate * cost:
-                return "more"
-        return "last"
-
-    def _extend_lookup(self, j: int, share: float) -> DraftStep:
-        """A lookup's token j costs no draft step, only one more verified token, and
-        its chance is known before anything is paid: it is drawn while the tokens it is
-        expected to add (with every token before it accepted) raise the round's
-        expected tokens per second, E/C, the first token against the target alone
-        (where it says no, hybrid drafting asks the draft model instead)."""
-        accept = self.state.confidence_of(self._extending).rate(share)
-        costs = self.state.costs(self._extending)
-        t = costs.target
-        if j == 0:
-            self._reach, self._gain, self._cost = 1.0, 1.0, t[0] + costs.overhead
-        if self.tuning.stop_rule_cap <= 0:
-            return "more"
-        add, more = self._reach * accept, t[j + 1] - t[j] + costs.overhead_per_draft
-        if add * self._cost < self._gain * more:
-            return "stop"
-        self._reach, self._gain, self._cost = add, self._gain + add, self._cost + more
-        return "more"
+        """Draw token j of the draft begun in `choose`, or stop: the stop rule
+        (`StopRule.extend`)."""
+        return self._stop.extend(j, confidence)
 
     def may_draft(self, source: str = "model", behind: int = 0) -> bool:
         """False only where drafting from `source` could not pay even at the
@@ -285,18 +234,18 @@ class AutoDraftLength:
             return None
         return self._alone_s / self._expected_s
 
-    def observe(self, outcome: RoundOutcome) -> None:
+    def observe(self, outcome: RoundVerified) -> None:
         source = self._key_of.get(outcome.source, outcome.source)
         self._key_of.clear()
         self._rounds += 1
         self._expect(outcome, source)
-        self._behind = outcome.draft_behind
+        self._behind = outcome.behind
         if self._behind < self._deferred:  # caught up on the prompt
             self._deferred = 0
         self.state.learn_costs(outcome)
-        if outcome.shadow and self.tuning.shadow:
+        if outcome.work.shadow and self.tuning.shadow:
             model = self.state.source("model")
-            model.acceptance.observe_first(outcome.shadow)
+            model.acceptance.observe_first(outcome.work.shadow)
             model.decision = None
         if not any(self._chosen.values()):
             self._chosen.clear()
@@ -309,7 +258,7 @@ class AutoDraftLength:
         self._chosen.clear()
         if chosen == 0:
             return
-        m, k = outcome.accepted, outcome.k
+        m, k = outcome.m, outcome.k
         tally = self._tally.setdefault(source, _Tally())
         tally.k_sum += k
         tally.accepted_sum += m
@@ -323,7 +272,7 @@ class AutoDraftLength:
         src.acceptance.observe(reached, m)
         src.decision = None
 
-    def _expect(self, outcome: RoundOutcome, source: str) -> None:
+    def _expect(self, outcome: RoundVerified, source: str) -> None:
         """Add what the cost model expected of this round to the call's prediction."""
         expected = self.state.source(source)
         known = self.state.confidence_of(source)
@@ -335,15 +284,15 @@ class AutoDraftLength:
             tokens = expected_tokens(expected.acceptance.rates(), outcome.k)
         costs = expected.costs
         self._expected_s += costs.round_s(outcome.k)
-        if outcome.source == "model" and outcome.draft_rows > 0:
+        if outcome.source == "model" and outcome.work.rows > 0:
             # A row read and nothing drawn from it cost a draft step (and, the first
             # row, the round's wake-up): no round without drafts charges them.
-            extra = outcome.draft_rows - outcome.k
+            extra = outcome.work.rows - outcome.k
             self._expected_s += extra * (costs.draft + costs.overhead_per_draft)
             if outcome.k == 0:
                 self._expected_s += costs.draft_wake
-        if outcome.source == "model" and (outcome.k > 0 or outcome.draft_rows > 0):
-            self._expected_s += self.state.loop.catch_up_s(outcome.draft_caught_up)
+        if outcome.source == "model" and (outcome.k > 0 or outcome.work.rows > 0):
+            self._expected_s += self.state.loop.catch_up_s(outcome.work.caught_up)
         self._alone_s += costs.round_s(0) * tokens
 
     def describe(self) -> str:

@@ -27,7 +27,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -189,28 +189,45 @@ def measure_curve(
         # every k, the points' few samples each holding one such first decode.
         model.warm_batch_sizes(points)
         t_begin = time.perf_counter()
-
-        def over() -> bool:
-            return time.perf_counter() - t_begin > limit_s
-
         timed(max_n)  # warm up: first touch of the weights, compute buffers
         timed(1)
-        samples: dict[int, list[float]] = {n: [] for n in points}
-        passes = 0
-        while passes < max_passes:
-            order = points if passes % 2 == 0 else points[::-1]
-            t_pass = time.perf_counter()
-            for n in order:
-                samples[n].append(timed(n))
-                if over():
-                    break  # a slow (or busy) machine: what we have beats making the user wait
-            samples[1].append(timed(1))  # the normalizer gets twice the samples
-            passes += 1
-            now = time.perf_counter()
+        samples = _passes(timed, points, t_begin, budget_s=budget_s, min_passes=min_passes,
+                          max_passes=max_passes, limit_s=limit_s)
+    return _curve(samples, max_n)
+
+
+def _passes(
+    timed: Callable[[int], float], points: list[int], t_begin: float, *, budget_s: float,
+    min_passes: int, max_passes: int, limit_s: float,
+) -> dict[int, list[float]]:
+    """The samples of `timed(n)` per point, in interleaved passes until `max_passes`,
+    the budget or the limit (both counted from `t_begin`) end them (see `measure_curve`)."""
+
+    def over() -> bool:
+        return time.perf_counter() - t_begin > limit_s
+
+    samples: dict[int, list[float]] = {n: [] for n in points}
+    passes = 0
+    while passes < max_passes:
+        order = points if passes % 2 == 0 else points[::-1]
+        t_pass = time.perf_counter()
+        for n in order:
+            samples[n].append(timed(n))
             if over():
-                break
-            if passes >= min_passes and (now - t_begin) + (now - t_pass) > budget_s:
-                break
+                break  # a slow (or busy) machine: what we have beats making the user wait
+        samples[1].append(timed(1))  # the normalizer gets twice the samples
+        passes += 1
+        now = time.perf_counter()
+        if over():
+            break
+        if passes >= min_passes and (now - t_begin) + (now - t_pass) > budget_s:
+            break
+    return samples
+
+
+def _curve(samples: dict[int, list[float]], max_n: int) -> CostCurve:
+    """The curve of the medians per point, made non-decreasing; its noise is the
+    relative MAD of the T(1) samples."""
     medians = {n: max(statistics.median(v), 1e-7) for n, v in samples.items() if v}
     ns = sorted(medians)
     smooth = dict(zip(ns, isotonic([medians[n] for n in ns], [len(samples[n]) for n in ns])))

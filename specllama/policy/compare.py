@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..engine.stats import Stats
+from ..engine.loop.stats import Stats
 from .auto import AutoState
 from .calibration import TARGET_MAX_N, CostCurve, cached, calibrate
 

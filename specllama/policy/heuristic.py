@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ..engine.lengths import RoundOutcome, always_more
+from ..engine.drafting.base import always_more
+from ..engine.loop.events import RoundVerified
 
 
 class HeuristicDraftLength:
@@ -16,10 +17,10 @@ class HeuristicDraftLength:
 
     extend = staticmethod(always_more)
 
-    def observe(self, outcome: RoundOutcome) -> None:
+    def observe(self, outcome: RoundVerified) -> None:
         if outcome.k == 0:
             return
-        step = 2 if outcome.accepted == outcome.k else -1
+        step = 2 if outcome.m == outcome.k else -1
         self.k = max(self.k_min, min(self.k_max, self.k + step))
 
     def describe(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..engine.lengths import RoundOutcome
+from ..engine.loop.events import RoundVerified
 from .calibration import CostCurve
 from .costs import RoundCosts
 from .tuning import AutoTuning
@@ -77,7 +77,7 @@ class LoopCosts:
             self.draft_wake if model else 0.0,
         )
 
-    def observe(self, outcome: RoundOutcome) -> None:
+    def observe(self, outcome: RoundVerified) -> None:
         tune = self.tuning
         k, n = outcome.k, outcome.forced + outcome.k + 1
         self._rounds += 1
@@ -133,15 +133,15 @@ class LoopCosts:
                 del self.verify[key]
                 self._seen[key] = 1  # (its graph is built: the next decode is learnt from)
 
-    def _observe_draft(self, outcome: RoundOutcome, learn: float, spike: float) -> None:
+    def _observe_draft(self, outcome: RoundVerified, learn: float, spike: float) -> None:
         """A draft model's decodes: its first row, then one per row after (k - 1, or k
         when it read a row and drew nothing from it)."""
         tune = self.tuning
-        rows = outcome.draft_rows or outcome.k
+        rows = outcome.work.rows or outcome.k
         if outcome.source != "model" or rows <= 0:
             return
-        if rows > 1 and outcome.draft_steps_s > 0:
-            step, seen = outcome.draft_steps_s / (rows - 1), self.draft_step
+        if rows > 1 and outcome.work.steps_s > 0:
+            step, seen = outcome.work.steps_s / (rows - 1), self.draft_step
             if self.loop_draft_step is None:
                 self.loop_draft_step = min(step, seen * tune.spike_first)
             else:
@@ -150,10 +150,10 @@ class LoopCosts:
             self._measured_at["draft step"] = self._rounds
         # A round's first draft decode: one step, its wake-up (w_d) and, after rounds
         # without a model draft, a catch-up on what they emitted, learnt apart.
-        first = outcome.draft_s - outcome.draft_steps_s if outcome.draft_steps_s > 0 \
+        first = outcome.draft_s - outcome.work.steps_s if outcome.work.steps_s > 0 \
             else outcome.draft_s - (rows - 1) * self.draft_step
         extra = max(0.0, first - self.draft_step)
-        behind = outcome.draft_caught_up
+        behind = outcome.work.caught_up
         if behind < 2:
             wake = min(extra, self.draft_wake * tune.spike + self.draft_step)
             self.draft_wake += tune.learn * (wake - self.draft_wake)

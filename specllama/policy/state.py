@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..engine.lengths import RoundOutcome
+from ..engine.loop.events import RoundVerified
 from .acceptance import AcceptanceEstimate, ConfidenceAcceptance
 from .calibration import DRAFT_MAX_N, TARGET_MAX_N, CostCurve, cached, calibrate
 from .costs import Decision, RoundCosts
@@ -14,7 +14,7 @@ from .loopcosts import LoopCosts
 from .tuning import AutoTuning
 
 if TYPE_CHECKING:
-    from ..engine.lengths import PolicyHost
+    from ..engine.loop.lengths import PolicyHost
 
 #: Acceptance is learnt per source; lookup drafts after a long match (real copying)
 #: apart from shorter ones.
@@ -67,7 +67,7 @@ class AutoState:
                                   for src in SOURCES if src != "model"}
         self.calibration = calibration or {}
 
-    def learn_costs(self, outcome: RoundOutcome) -> None:
+    def learn_costs(self, outcome: RoundVerified) -> None:
         self.loop.observe(outcome)
         verify = self._verify()
         for name, src in self.sources.items():

@@ -58,7 +58,7 @@ class AutoTuning:
     #: A new call keeps this share of the acceptance evidence: a new text may differ.
     carry_over: float = 0.5
     #: Learn first-draft acceptance from the draft model's catch-up on paused tokens
-    #: (RoundOutcome.shadow), not from the probe's own drafts alone.
+    #: (ModelWork.shadow), not from the probe's own drafts alone.
     shadow: bool = True
 
     # --- the target alone as reference

@@ -45,7 +45,7 @@ class ServeConfig:
     model_id: str  # the pair's name; what clients send as `model`
     defaults: Defaults
     draft_max: int | str
-    draft_mode: str
+    drafters: tuple[str, ...]
     n_ctx: int  # the context window the engine was loaded with
     api_key: str | None = None
     max_waiting: int = 8  # requests queued behind the one being served; more get 503
@@ -140,7 +140,7 @@ class _API:
                 "draft": self.config.draft,
                 "n_ctx": self.config.n_ctx,
                 "draft_max": w.draft_max,
-                "draft_mode": w.draft_mode,
+                "drafters": list(w.drafters),
             },
         }
 
@@ -210,7 +210,7 @@ class _API:
 
     def _figures(self, job: Job, result: Any) -> dict[str, Any]:
         w = self.worker
-        return figures(result, draft_max=w.draft_max, draft_mode=w.draft_mode,
+        return figures(result, draft_max=w.draft_max, drafters=w.drafters,
                        queue_s=job.queue_s)
 
     async def _complete(self, job: Job, work: Work, rid: str, request: Request) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import Event, SpecLlamaError, SpeculativeDecoder
-from ..engine import backend
+from ..engine.llama import backend
 from .jobs import CALLS, Engine, Evaluated, Order, Outcome
 
 #: What builds the decoder in the child, given whether this is the server's first

@@ -26,7 +26,7 @@ from .. import (
     TextFlushed,
     TokensAccepted,
 )
-from ..engine.kvreport import CacheReport, cache_report
+from ..engine.llama.kvreport import CacheReport, cache_report
 from ..policy.compare import Comparison, compare_with_target
 from .prompts import Work
 
@@ -67,7 +67,7 @@ class Order:
     work: Work
     events: Literal["end", "text", "all"]  # what to hand over before the Outcome
     draft_max: int | str
-    draft_mode: str
+    drafters: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Engine:
                 max_tokens=work.max_tokens,
                 sampling=work.sampling,
                 draft_max=order.draft_max,
-                draft_mode=order.draft_mode,  # type: ignore[arg-type]
+                drafters=order.drafters,
                 stop=work.stop,
                 keep_cache=True,  # a resent conversation is evaluated from where it differs
                 constraint=work.constraint,

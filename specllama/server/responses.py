@@ -42,7 +42,8 @@ def usage(result: GenerationResult) -> dict[str, Any]:
 
 
 def figures(
-    result: GenerationResult, *, draft_max: int | str, draft_mode: str, queue_s: float
+    result: GenerationResult, *, draft_max: int | str, drafters: tuple[str, ...],
+    queue_s: float
 ) -> dict[str, Any]:
     """What speculation did for this request."""
     s = result.stats
@@ -65,7 +66,7 @@ def figures(
         "spliced": s.spliced,
         "spliced_accepted": s.spliced_accepted,
         "draft_max": draft_max,
-        "draft_mode": draft_mode,
+        "drafters": list(drafters),
         "policy": s.policy_note,
         "finish_reason": result.finish_reason,
         "prompt_tokens_reused": s.prompt_reused,

@@ -100,7 +100,7 @@ def serve(
         engine,
         max_waiting=config.max_waiting,
         draft_max=config.draft_max,
-        draft_mode=config.draft_mode,
+        drafters=config.drafters,
         log=log,
     )
     app = create_app(worker, config, vocab, log)

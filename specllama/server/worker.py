@@ -173,13 +173,13 @@ class Worker:
         *,
         max_waiting: int,
         draft_max: int | str,
-        draft_mode: str,
+        drafters: tuple[str, ...],
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self._prepared = threading.Event()
         self.draft_max = draft_max
-        self.draft_mode = draft_mode
+        self.drafters = drafters
         self.totals = Totals()
         self._log = log or (lambda _: None)
         self.max_waiting = max_waiting
@@ -295,7 +295,7 @@ class Worker:
             return
         self._orders += 1
         order = Order(self._orders, job.work, "text" if job.stream else "end",
-                      self.draft_max, self.draft_mode)
+                      self.draft_max, self.drafters)
         engine = self.engine
         if isinstance(engine, EngineProcess):
             job.on_cancel = lambda: engine.cancel(order.id)

@@ -14,7 +14,8 @@ click command `bench_command` renders it as tables, JSON and a plot.
 from .command import bench_command
 from .prompts import BenchPrompt, Mode, builtin_prompts, load_prompts, parse_modes, parse_prompts
 from .report import describe_environment, render_tables, write_json, write_plot
-from .run import run_bench, summarize
+from .run import run_bench
+from .summary import summarize
 
 __all__ = [
     "BenchPrompt",

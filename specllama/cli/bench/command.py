@@ -30,7 +30,8 @@ from .report import (
     write_json,
     write_plot,
 )
-from .run import DEFAULT_MAX_FOREIGN, DEFAULT_MAX_TOKENS, DEFAULT_REPS, DEFAULT_SEED, run_bench
+from .run import DEFAULT_MAX_TOKENS, DEFAULT_REPS, DEFAULT_SEED, run_bench
+from .summary import DEFAULT_MAX_FOREIGN
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,7 +45,9 @@ def _bench_options(f: F) -> F:
                           + ", ".join(BUILTIN_SETS) + "."),
         click.option("--modes", default=DEFAULT_MODES, show_default=True, metavar="LIST",
                      help="Comma-separated: target, auto, context (auto drafting from each "
-                          "call's own context alone), heuristic, draft lengths (1,2,4...)."),
+                          "call's own context alone), heuristic, draft lengths (1,2,4...); "
+                          "any but target with @DRAFTERS joined by '+' (auto@lookup>model, "
+                          "4@lookup+model) to override --drafters for that mode."),
         click.option("--reps", type=click.IntRange(1), default=DEFAULT_REPS, show_default=True,
                      help="Repetitions of each prompt and mode (interleaved)."),
         click.option("--max-tokens", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
@@ -54,7 +57,7 @@ def _bench_options(f: F) -> F:
                      help="Seed of the first repetition (then +1 per repetition)."),
         setting_option("p_min"),
         RECALIBRATE_OPTION,
-        setting_option("draft_mode"),
+        setting_option("drafters"),
         *(setting_option(name) for name in ("json_schema", "grammar", "regex")),
         click.option("--raw", is_flag=True, help="Do not wrap prompts in the chat template."),
         click.option("--carry", is_flag=True,
@@ -115,7 +118,7 @@ def bench_command(run: RunOptions, prompts_path: str | None, modes: str, reps: i
         report = run_bench(
             decoder, prompts, mode_list,
             reps=reps, max_tokens=settings.max_tokens, sampling=settings.sampling,
-            draft_mode=settings.draft_mode, warmup=warmup, raw=raw,
+            drafters=settings.drafters, warmup=warmup, raw=raw,
             constraint=settings.constraint, carry=carry,
             progress=progress, max_foreign=max_foreign,
         )

@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ...engine.drafting.chain import parse_drafters
 from ...engine.settings import DRAFT_MAX_LIMIT
 from ...errors import InvalidParameterError
 
@@ -108,6 +109,8 @@ class Mode:
     #: Lookups copy from the suffix cache (earlier outputs, a corpus); "context" is auto
     #: with lookups over each call's own context only (as before the cache).
     suffix_cache: bool = True
+    #: Who drafts ("auto@lookup>model"); None: the run's --drafters.
+    drafters: tuple[str, ...] | None = None
 
     @property
     def fixed_k(self) -> int | None:
@@ -116,13 +119,15 @@ class Mode:
 
 def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
     """'target,1,2,4,auto' (also 'k=2', 'k2', 'heuristic', '0' = target, 'context' = auto
-    drafting from each call's context alone, not the suffix cache)."""
+    drafting from each call's context alone, not the suffix cache); any of them but target
+    with '@' and drafters joined by '+' ('auto@lookup>model', '4@lookup+model')."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     modes: list[Mode] = []
     for raw in items:
-        item = raw.strip().lower()
+        item, at, chain = raw.strip().lower().partition("@")
         if not item:
             continue
+        drafters = parse_drafters(chain.split("+")) if at else None
         if item in ("target", "0", "k=0", "k0"):
             mode = Mode("target", 0)
         elif item in ("auto", "heuristic"):
@@ -137,6 +142,9 @@ def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
                     f"'heuristic' or a draft length 1..{DRAFT_MAX_LIMIT}"
                 )
             mode = Mode(f"k={int(digits)}", int(digits))
+        if drafters is not None and mode.draft_max != 0:
+            mode = Mode(f"{mode.name}@{'+'.join(drafters)}", mode.draft_max,
+                        mode.suffix_cache, drafters)
         if mode not in modes:
             modes.append(mode)
     if not modes:

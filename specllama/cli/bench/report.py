@@ -82,7 +82,7 @@ def describe_environment(report: dict[str, Any]) -> str:
     sp = s["sampling"]
     lines = [
         f"target {Path(s['target']).name}, draft "
-        f"{Path(s['draft']).name if s['draft'] else s['draft_mode']}; {s['threads']} threads "
+        f"{Path(s['draft']).name if s['draft'] else s['drafters']}; {s['threads']} threads "
         f"on {mach['cpu']} ({mach['cpu_count']} cores); temperature {sp['temperature']}, "
         f"max {s['max_tokens']} tokens, seeds {s['seed']}..{s['seed'] + s['reps'] - 1}, "
         f"p_min {s['p_min']}",

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import Event, GenerationResult, SpecLlamaError, SpeculativeDecoder, Stats
-from ...engine.kvreport import CacheReport
 from ...engine.llama import Vocabulary
+from ...engine.llama.kvreport import CacheReport
 from ...policy.compare import Comparison
 from ...server.isolation import EngineLost, EngineProcess
 from ...server.jobs import Evaluated, Order, Outcome
@@ -107,13 +107,13 @@ class RemoteDecoder:
         self._engine.call("set_p_min", self._p_min)
 
     def stream(self, tokens: Sequence[int], *, max_tokens: int, sampling: Any,
-               draft_max: int | str, draft_mode: str, stop: Sequence[str] = (),
+               draft_max: int | str, drafters: tuple[str, ...], stop: Sequence[str] = (),
                keep_cache: bool = True, constraint: Any = None,
                draft_prompt: Sequence[int] | None = None) -> RemoteStream:
         self._ensure()
         self._orders += 1
         work = Work("chat", list(tokens), max_tokens, sampling, tuple(stop), constraint)
-        return RemoteStream(self, Order(self._orders, work, "all", draft_max, draft_mode))
+        return RemoteStream(self, Order(self._orders, work, "all", draft_max, drafters))
 
     def cache_report(self, history: Sequence[int]) -> CacheReport:
         report: CacheReport = self.call("cache_report", list(history))

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
-from ...engine.events import (
+from ...engine.loop.events import (
     DraftProposed,
     Event,
     RoundVerified,

@@ -3,19 +3,8 @@
 `ChatSession` holds the conversation, the settings and the decoder. `reply(text)`
 renders the whole conversation with the model's own chat template, turns it into
 tokens and streams the answer with `keep_cache=True`, so both KV caches keep the
-common prefix and a turn evaluates only its new tokens.
-
-Prefix reuse needs the tokens of earlier turns to stay identical from turn to
-turn. Re-tokenizing the rendered text does not guarantee that: a model may
-generate "Hel" + "lo" where the tokenizer would write "Hello". So the session
-keeps the token history itself: the tokens of the previous prompt, then the
-tokens the model really generated, then the tokenized rest of the new
-rendering (the template's end-of-turn marker, the new user message, the
-assistant header). The rest is tokenized on its own only where that cannot
-change the tokenization: when it starts with a special token. Whenever this
-does not hold (the template rendered earlier turns differently, turns were
-dropped, no template), the full rendering is tokenized and the engine still
-reuses the longest common token prefix.
+common prefix and a turn evaluates only its new tokens. How the conversation
+becomes a prompt, and why the session keeps its token history, is `prompt`.
 """
 
 from __future__ import annotations
@@ -28,22 +17,28 @@ from pathlib import Path
 from typing import Any
 
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from ...engine.drafts import check_draft_mode
-from ...engine.events import Event, PromptEvaluated
-from ...engine.kvreport import CacheReport, cache_report
+from ...engine.drafting.chain import DEFAULT_DRAFTERS, check_drafters
+from ...engine.llama.kvreport import CacheReport, cache_report
+from ...engine.loop.events import Event, PromptEvaluated
+from ...engine.loop.stats import Stats
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
-from ...engine.stats import Stats
 from ...errors import ContextOverflowError, InvalidParameterError
 from ...policy.compare import Comparison, compare_with_target
 from ..options import RunSettings
 from ..trace import TraceRecorder, token_piece
+from .prompt import (
+    PLAIN_STOP,
+    Anchor,
+    chat_turns,
+    check_template,
+    prompt_tokens,
+    render_chat,
+)
 from .remote import RemoteDecoder, RemoteStream
 from .transcript import Message, Transcript
 
-_ALIASES = {"temp": "temperature", "t": "temperature", "k": "draft_max", "max": "max_tokens"}
-
-# Used when a model has no usable chat template.
-PLAIN_STOP = ("\nUser:",)
+_ALIASES = {"temp": "temperature", "t": "temperature", "k": "draft_max", "max": "max_tokens",
+            "draft_mode": "drafters"}
 
 
 @dataclass(frozen=True)
@@ -72,17 +67,6 @@ class TurnInfo:
     @property
     def finish_reason(self) -> str:
         return self.result.finish_reason if self.result else "interrupted"
-
-
-@dataclass
-class _Anchor:
-    """The previous turn as token history: its prompt (text and tokens), and the
-    reply the model generated (text as stored in the message, and tokens)."""
-
-    prompt_text: str
-    prompt_tokens: list[int]
-    reply_text: str
-    reply_tokens: list[int]
 
 
 def parse_setting(name: str, raw: str) -> tuple[str, Any]:
@@ -130,42 +114,16 @@ class ChatSession:
         self.last_turn: TurnInfo | None = None
         self.unanswered: str | None = None  # a message whose turn failed: /retry
         self.committed: list[int] = []  # tokens of the last prompt + reply (cache check)
-        self._anchor: _Anchor | None = None
-        self.template: str | None = decoder.target.chat_template()
-        self.fold_system = False  # template rejects the system role: prepend to 1st user
-        self.notice: str | None = None  # one line for the user about the template
+        self._anchor: Anchor | None = None
+        # fold_system: the template rejects the system role (the system prompt goes
+        # into the first user message); notice: one line for the user about the template
+        self.template, self.fold_system, self.notice = check_template(decoder.target)
         self.trace = TraceRecorder(token_piece(decoder))  # for /save FILE.html
-        self._check_template()
 
     # ------------------------------------------------------------- templates
     @property
     def plain_format(self) -> bool:
         return self.template is None
-
-    def _check_template(self) -> None:
-        name = self.decoder.target.path.name
-        if self.template is None:
-            self.notice = (
-                f"{name} has no chat template in its metadata; using a plain "
-                "'User: / Assistant:' format"
-            )
-            return
-        probe = [{"role": "user", "content": "Hello"}]
-        try:
-            self.decoder.target.format_chat(probe, self.template)
-        except Exception as exc:  # a template can fail in any jinja2 way
-            self.notice = (
-                f"the chat template of {name} does not render ({one_line(exc)}); "
-                "using a plain 'User: / Assistant:' format"
-            )
-            self.template = None
-            return
-        try:
-            self.decoder.target.format_chat(
-                [{"role": "system", "content": "Be brief."}, *probe], self.template
-            )
-        except Exception:
-            self.fold_system = True
 
     def chat_messages(
         self, first_kept: int | None = None, pending: Message | None = None
@@ -174,55 +132,18 @@ class ChatSession:
         and the user message waiting for its reply."""
         start = self.first_kept if first_kept is None else first_kept
         kept = self.messages[start:] + ([pending] if pending is not None else [])
-        turns = [{"role": m.role, "content": m.content} for m in kept]
-        if self.system:
-            if self.fold_system and turns:
-                turns[0] = {**turns[0], "content": f"{self.system}\n\n{turns[0]['content']}"}
-            elif not self.fold_system:
-                turns.insert(0, {"role": "system", "content": self.system})
-        return turns
+        return chat_turns(kept, self.system, self.fold_system)
 
     def render(self, messages: list[dict[str, str]] | None = None) -> str:
         """The conversation as text, ending where the assistant's reply begins."""
         messages = self.chat_messages() if messages is None else messages
-        if self.template is not None:
-            try:
-                return self.decoder.target.format_chat(messages, self.template)
-            except Exception as exc:
-                raise InvalidParameterError(
-                    f"the model's chat template failed to render: {one_line(exc)}"
-                ) from exc
-        parts = []
-        for m in messages:
-            if m["role"] == "system":
-                parts.append(f"{m['content']}\n\n")
-            elif m["role"] == "user":
-                parts.append(f"User: {m['content']}\n")
-            else:
-                parts.append(f"Assistant: {m['content']}\n")
-        parts.append("Assistant:")
-        return "".join(parts)
+        return render_chat(self.decoder.target, self.template, messages)
 
     # ---------------------------------------------------------------- tokens
     def prompt_tokens(self, text: str) -> list[int]:
         """Tokens of a rendered conversation: the token history where it still
-        holds, the tokenized rest after it (see the module docstring)."""
-        target = self.decoder.target
-        anchor = self._anchor
-        if anchor is not None and text.startswith(anchor.prompt_text):
-            after = text[len(anchor.prompt_text) :]
-            reply = anchor.reply_text
-            # The template may trim the reply (Llama 3 does), so try those forms too.
-            for form in dict.fromkeys((reply, reply.strip(), reply.lstrip(), reply.rstrip())):
-                if not after.startswith(form):
-                    continue
-                rest = after[len(form) :]
-                rest_tokens = target.tokenize(rest, add_bos=False, special=True)
-                if rest_tokens and self._starts_with_special(rest, rest_tokens[0]):
-                    return anchor.prompt_tokens + anchor.reply_tokens + rest_tokens
-        if self.template is None:
-            return target.tokenize(text, add_bos=target.adds_bos, special=True)
-        return target.tokenize_chat(text)
+        holds, the tokenized rest after it (`prompt.prompt_tokens`)."""
+        return prompt_tokens(self.decoder.target, self.template, self._anchor, text)
 
     def _draft_prompt(self) -> list[int] | None:
         """A draft of another family reads the conversation in its own chat template
@@ -230,13 +151,6 @@ class ChatSession:
         if self.plain_format or not isinstance(self.decoder, SpeculativeDecoder):
             return None
         return self.decoder.draft_prompt_for(self.chat_messages())
-
-    def _starts_with_special(self, text: str, token: int) -> bool:
-        """A control token (prints as nothing) whose own text begins `text`: then
-        tokenizing from here gives what tokenizing the whole would."""
-        target = self.decoder.target
-        spelled = target.token_text(token).decode("utf-8", errors="replace")
-        return target.piece(token) == b"" and bool(spelled) and text.startswith(spelled)
 
     def _reserve(self) -> int:
         """Room kept free for the reply when deciding whether turns must go."""
@@ -308,7 +222,7 @@ class ChatSession:
                 max_tokens=s.max_tokens,
                 sampling=s.sampling,
                 draft_max=s.draft_max,
-                draft_mode=s.draft_mode,
+                drafters=s.drafters,
                 stop=PLAIN_STOP if self.plain_format else (),
                 keep_cache=True,
                 constraint=s.constraint,
@@ -354,7 +268,7 @@ class ChatSession:
             self._anchor = None
         else:
             content = target.detokenize(body)
-            self._anchor = _Anchor(text, list(tokens), content, body)
+            self._anchor = Anchor(text, list(tokens), content, body)
         self.trace.finish(result)
         # The message keeps the text stripped; the anchor matches either form.
         self.messages.append(Message("assistant", content.strip(), result.finish_reason))
@@ -368,8 +282,9 @@ class ChatSession:
     def set(self, name: str, value: Any) -> tuple[str, Any]:
         """Change a setting; `value` may be a string as typed after /set."""
         key, value = parse_setting(name, value if isinstance(value, str) else str(value))
-        if key == "draft_mode":
-            check_draft_mode(value, has_draft_model=self.decoder.draft is not None)
+        if key == "drafters":
+            model = self.decoder.draft is not None
+            value = check_drafters(value or (DEFAULT_DRAFTERS if model else ("lookup",)), model)
         elif key == "p_min":
             self.decoder.p_min = value
         self.settings = dataclasses.replace(self.settings, **{key: value})
@@ -417,8 +332,3 @@ class ChatSession:
             self.trace.settings = self.settings.as_dict()
             return self.trace.save(Path(path).expanduser(), title="specllama chat")
         return self.transcript().save(path)
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__

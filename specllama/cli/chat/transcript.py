@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...engine.stats import Stats
+from ...engine.drafting.chain import show_drafters
+from ...engine.loop.stats import Stats
 from ...errors import InvalidParameterError
 from ..options import RunSettings
 
@@ -72,7 +73,7 @@ def _markdown(data: dict[str, Any]) -> str:
     lines.append(f"- draft: `{s['draft']}`")
     lines.append(
         f"- temperature {s['temperature']}, top_k {s['top_k']}, top_p {s['top_p']}, "
-        f"min_p {s['min_p']}, draft_max {s['draft_max']}, draft_mode {s['draft_mode']}"
+        f"min_p {s['min_p']}, draft_max {s['draft_max']}, drafters {show_drafters(s['drafters'])}"
     )
     lines.append("")
     if data["system"]:

@@ -11,116 +11,29 @@ The draft keeps its own tokenization of the committed text. `CrossVocabDraft.cac
 in target ids (what the round loop reads); the draft model's own cache holds its
 tokenization of their text, re-tokenized from a little before the point where the two
 part (never the whole context), so a target token outside the intersection costs a short
-re-sync, not a restart.
+re-sync, not a restart. A SentencePiece draft that puts a space before what it reads (Llama
+2's, for a Mistral target) reads the target's text as it would read it alone, and text
+that starts without that space (a reply after its own prompt) as exactly that text.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import IncompatiblePairError
-from .draftcache import tokenizer_fingerprint
-from .llama import LogitsWanted, Model, Vocabulary
+from ..llama import LogitsWanted, Model, Vocabulary
+from .vocabmap import VocabMap
 
-#: Below this share of the draft's vocabulary in the intersection a draft has too little
-#: to say to be worth loading (the issue's bar; real cross-family pairs share 60-95%).
-MIN_SHARE = 0.10
 #: Re-tokenizing starts at most this many draft tokens before the point where the text
 #: changed, at a token that begins a word (BPE pre-tokenizers split there).
 BACKOFF_MAX = 8
 BPE = 2  # llama.cpp's LLAMA_VOCAB_TYPE_BPE: byte-level, spells any bytes
-
-
-@dataclass(frozen=True)
-class VocabMap:
-    """Draft ids whose text is exactly one target token, and those target ids."""
-
-    draft_ids: np.ndarray  # int64, ascending
-    target_ids: np.ndarray  # int64, target_ids[i] is draft_ids[i]'s text in the target
-    n_draft: int
-    n_target: int
-
-    @property
-    def share(self) -> float:
-        """The share of the draft's vocabulary inside the intersection."""
-        return len(self.draft_ids) / max(1, self.n_draft)
-
-    def to_draft(self) -> np.ndarray:
-        """target id -> draft id (-1 outside the intersection)."""
-        out = np.full(self.n_target, -1, dtype=np.int64)
-        out[self.target_ids] = self.draft_ids
-        return out
-
-    @classmethod
-    def build(cls, target: Vocabulary, draft: Vocabulary) -> VocabMap:
-        """Match each token's bytes as it adds them to the text (llama.cpp's
-        token_to_piece: GPT-2's 'Ġ' and SentencePiece's '▁' are spaces, a byte-fallback
-        token its byte). Control and end-of-generation tokens stay out; where several
-        target tokens spell the same bytes (a byte token and a normal one), the normal one
-        stands for them, and likewise for the draft, so the map is one to one."""
-        by_text = {text: t for t, text in _spellings(target).items()}
-        pairs: dict[int, int] = {}
-        for d, text in _spellings(draft).items():
-            t = by_text.get(text)
-            if t is not None:
-                pairs[d] = t
-        drafts = np.fromiter(sorted(pairs), dtype=np.int64, count=len(pairs))
-        targets = np.fromiter((pairs[int(d)] for d in drafts), dtype=np.int64, count=len(pairs))
-        return cls(drafts, targets, draft.n_vocab, target.n_vocab)
-
-    @classmethod
-    def cached(cls, target: Vocabulary, draft: Vocabulary, cache_root: Path) -> VocabMap:
-        """`build`, once per pair of tokenizers: kept under cache_root/vocabmaps."""
-        key = hashlib.sha256(
-            f"{tokenizer_fingerprint(target)}|{tokenizer_fingerprint(draft)}".encode()
-        ).hexdigest()[:24]
-        path = cache_root / "vocabmaps" / f"{key}.npz"
-        try:
-            with np.load(path) as data:
-                found = cls(data["draft_ids"], data["target_ids"], draft.n_vocab, target.n_vocab)
-            if len(found.draft_ids) == len(found.target_ids):
-                return found
-        except (OSError, ValueError, KeyError):
-            pass  # absent, truncated or foreign: build it again
-        built = cls.build(target, draft)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{time.time_ns()}.tmp.npz")
-            np.savez(tmp, draft_ids=built.draft_ids, target_ids=built.target_ids)
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache costs a rebuild next time, nothing else
-        return built
-
-
-def _spellings(vocab: Vocabulary) -> dict[int, bytes]:
-    """Token id -> the bytes it adds to the text, one id per spelling (see build)."""
-    best: dict[bytes, int] = {}
-    for token in range(vocab.n_vocab):
-        if vocab.is_eog(token) or vocab.is_control(token):
-            continue
-        text = vocab.piece(token)
-        if not text:
-            continue
-        other = best.get(text)
-        if other is None or (vocab.is_byte(other) and not vocab.is_byte(token)):
-            best[text] = token
-    return {token: text for text, token in best.items()}
-
-
-def check_intersection(vmap: VocabMap, target: Vocabulary, draft: Vocabulary) -> None:
-    if vmap.share < MIN_SHARE:
-        raise IncompatiblePairError(
-            f"draft {draft.path.name} shares too few tokens with target {target.path.name} "
-            f"to draft for it: {len(vmap.draft_ids)} of its {vmap.n_draft} tokens "
-            f"({vmap.share:.0%}; at least {MIN_SHARE:.0%} needed) spell a target token"
-        )
+#: Written before text that does not start with the space a SentencePiece tokenizer puts
+#: there, then dropped: characters Llama's and Mistral's vocabularies spell with a byte
+#: token, which joins no other piece (the spelling is checked all the same).
+SENTINELS = ("\n", "\t")
 
 
 class CrossVocabDraft:
@@ -138,8 +51,9 @@ class CrossVocabDraft:
         self.model, self.target, self.vmap = model, target, vmap
         self.path = model.path
         self.cached: list[int] = []  # target ids
-        # What a SentencePiece tokenizer with a space prefix writes before any text.
-        self._lead = _lead(model)
+        # What a SentencePiece tokenizer with a space prefix writes before any text, and
+        # what the draft reads before the target's: that space, unless the text has one.
+        self._lead = self._pad = _lead(model)
         # The characters a vocabulary without byte tokens can spell (None: any).
         self._alphabet = _alphabet(model)
         # The target's prompt and the draft's own rendering of it (its chat template):
@@ -234,8 +148,13 @@ class CrossVocabDraft:
     def canonical(self) -> list[int]:
         """The draft's own tokenization of the whole text (what its cache should hold
         once brought up; for tests)."""
-        text = _complete(self._text[len(self._fixed_text()):]).decode("utf-8", errors="replace")
-        return self._fixed() + self.model.tokenize(text, add_bos=False, special=False)
+        tail = _complete(self._text[len(self._alias_text):])
+        fresh = self._spell(tail)
+        if fresh is None:  # text it cannot spell: its tokenizer's reading all the same
+            text = tail[len(self._lead):] if tail.startswith(self._lead) else tail
+            fresh = self.model.tokenize(text.decode("utf-8", errors="replace"),
+                                        add_bos=False, special=False)
+        return self._fixed() + fresh
 
     def set_prompt(self, prompt: list[int], draft_prompt: list[int] | None) -> None:
         """This call's prompt, and the draft's own tokens for it (its chat template's
@@ -269,18 +188,31 @@ class CrossVocabDraft:
                     self.cached.append(t)  # spelt by the draft's prompt already
                     self._ends.append(len(self._text))
                     continue
+            piece = self.target.piece(t)
+            if piece and self._alias is None and len(self._text) == len(self._pad):
+                self._settle_pad(piece)
             self.cached.append(t)
-            self._text += self.target.piece(t)
+            self._text += piece
             self._ends.append(len(self._text))
+
+    def _settle_pad(self, first: bytes) -> None:
+        """The text's first bytes are known: the draft reads its tokenizer's leading space
+        before them only where they lack one (a SentencePiece target's text has it, and
+        the draft reads it as it would read the text alone, not with a second space)."""
+        pad = b"" if first.startswith(self._lead) else self._lead
+        if pad != self._pad:
+            self._pad = pad
+            self._text[:] = pad
+            self._ends = [len(pad)] * len(self.cached)  # all of them spell nothing
+            self._cut_model(bisect.bisect_right(self._draft_ends, 0))
 
     def _rebuild(self) -> None:
         """`_text` and `_ends` as the plain reading of `cached`; the model starts over."""
-        self._text = bytearray(self._lead)
-        self._ends = []
-        for t in self.cached:
-            self._text += self.target.piece(t)
-            self._ends.append(len(self._text))
+        tokens = self.cached[:]
+        del self.cached[:]
+        self._text, self._pad, self._ends = bytearray(self._lead), self._lead, []
         self._cut_model(0)
+        self._append(tokens)
 
     def _bos(self) -> list[int]:
         m = self.model
@@ -291,7 +223,7 @@ class CrossVocabDraft:
         return self._alias[1] if self._alias is not None else self._bos()
 
     def _fixed_text(self) -> bytes:
-        return self._alias_text if self._alias is not None else self._lead
+        return self._alias_text if self._alias is not None else self._pad
 
     def _cut_model(self, n: int) -> None:
         m = self.model
@@ -342,26 +274,46 @@ class CrossVocabDraft:
     def _tokenize_from(self, start: int) -> list[int] | None:
         """The draft's tokens for the text after its first `start` tokens (whole
         characters only), or None where they would not spell it back byte for byte."""
-        m = self.model
         # The fixed tokens spell the draft's prompt (a BOS spells nothing).
         offset = len(self._alias_text) if start == len(self._fixed()) \
             else self._draft_ends[start - 1]
-        tail = _complete(self._text[offset:])
-        lead = self._lead
-        if lead:  # the tokenizer writes its own leading space: give it the text after one
-            if not tail.startswith(lead):
-                return [] if not tail else None
-            tail = tail[len(lead):]
+        return self._spell(_complete(self._text[offset:]))
+
+    def _spell(self, tail: bytes) -> list[int] | None:
+        """Draft tokens that spell `tail` exactly, or None. A tokenizer that writes a
+        leading space reads the text after one; where `tail` has none (a reply after the
+        draft's own prompt, a word's middle) it reads a sentinel first, whose tokens go."""
         if not tail:
             return []
+        lead = self._lead
+        if tail.startswith(lead):  # always, without a lead
+            return self._read(tail[len(lead):], 0) if len(tail) > len(lead) else []
+        for sentinel in SENTINELS:
+            fresh = self._read(sentinel.encode() + tail, len(lead) + len(sentinel))
+            if fresh is not None:
+                return fresh
+        return None
+
+    def _read(self, text: bytes, drop: int) -> list[int] | None:
+        """The tokenizer's tokens for `text` less those spelling the first `drop` bytes
+        of what they write (its leading space, then `text`), or None where they would not
+        spell that back byte for byte or no token ends after `drop` bytes."""
         try:
-            text = tail.decode("utf-8")
+            chars = text.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if self._alphabet is not None and not self._alphabet.issuperset(text):
+        if self._alphabet is not None and not self._alphabet.issuperset(chars):
             return None  # llama.cpp aborts on a character such a vocabulary lacks
-        fresh = m.tokenize(text, add_bos=False, special=False)
-        return fresh if b"".join(m.piece(t) for t in fresh) == lead + tail else None
+        m = self.model
+        tokens = m.tokenize(chars, add_bos=False, special=False)
+        pieces = [m.piece(t) for t in tokens]
+        if b"".join(pieces) != self._lead + text:
+            return None
+        n = spelt = 0
+        while spelt < drop:
+            spelt += len(pieces[n])
+            n += 1
+        return tokens[n:] if spelt == drop else None
 
 
 def _lead(model: Model) -> bytes:

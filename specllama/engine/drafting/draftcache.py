@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..llama import Vocabulary
 from .cachefile import fingerprint, load, save
 from .corpus import CorpusFile
-from .llama import Vocabulary
 from .suffixcache import Origin, SuffixArchive
 
 #: The history holds at most this many tokens (about 36 MB indexed; the least recently

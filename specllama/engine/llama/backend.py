@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError, RpcError
+from ...errors import ModelLoadError, RpcError
 from . import rpc as rpc_net
 
 try:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from ..errors import IncompatiblePairError
-from .llama import Model
+from ...errors import IncompatiblePairError
+from . import Model
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_COMPARED_TOKEN = 5  # ids below are special tokens that families renumber freely

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 _LFS_POINTER = b"version https://git-lfs"

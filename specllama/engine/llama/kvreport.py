@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .llama import DraftModel, Model
+from . import DraftModel, Model
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 
-from ..errors import InvalidParameterError, RpcError
+from ...errors import InvalidParameterError, RpcError
 
 DEFAULT_PORT = 50052
 # ggml-rpc.h / ggml-rpc.cpp of llama.cpp as bundled with llama-cpp-python 0.3.36.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..drafting.base import ModelWork, Origin, Source
 from .stats import Stats
 
 # "error": an exception ended the generation (the caches are still consistent).
@@ -51,7 +52,7 @@ class DraftProposed:
     """Draft tokens waiting for the target's verdict (the seed's blue tokens)."""
 
     tokens: tuple[int, ...]
-    source: Literal["model", "lookup"] = "model"
+    source: Source = "model"
 
 
 @dataclass(frozen=True)
@@ -77,24 +78,62 @@ class TargetToken:
 
 @dataclass(frozen=True)
 class RoundVerified:
-    """One round's verdict, after its TokensAccepted/TargetToken: what live views and
-    traces need to show rejected drafts too. `p`/`q` are p_i(d_i) and q_i(d_i) for each
-    draft token (greedy: one-hot); p is None after the first rejection, where the
-    target's row is never read. `emitted` is less than accepted + 1 when an
-    end-of-generation token ended the round early."""
+    """One round, the one record of it: what live views and traces show (rejected drafts
+    too), what `Stats` counts and what the draft-length policy learns from.
+
+    `drafted` are the tokens verified after `last`, forced ones first, each with its
+    origin; `accepted` of them were accepted (forced ones included). `p`/`q` are
+    p_i(d_i) and q_i(d_i) for each (greedy: one-hot); p is None after the first
+    rejection, where the target's row is never read. `emitted` is less than accepted + 1
+    when an end of generation, max_tokens or a stop string ended the round early."""
 
     drafted: tuple[int, ...]
+    origins: tuple[Origin, ...]
     accepted: int
     token: int
-    kind: Literal["correction", "bonus", "plain"]
+    kind: TargetKind
     emitted: int
     p: tuple[float | None, ...]
     q: tuple[float, ...]
-    source: Literal["model", "lookup"]
+    source: Source
     draft_s: float  # inside the draft model's decode calls this round
     target_s: float  # inside the target's decode call this round
     seconds: float  # wall time of the round
-    origin: str = ""  # where a lookup draft's text was seen (suffixcache.ORIGINS)
+    #: the drafter's confidence at each token after the forced ones (empty: not read)
+    confidences: tuple[float, ...] = ()
+    work: ModelWork = ModelWork()  # what the draft model did
+    #: committed tokens the draft model's cache lacks after this round, beyond the newest
+    behind: int = 0
+
+    @property
+    def forced(self) -> int:
+        """Leading drafts a constraint forced (no source drafted them)."""
+        n = 0
+        while n < len(self.origins) and self.origins[n] == "forced":
+            n += 1
+        return n
+
+    @property
+    def k(self) -> int:
+        """Tokens drafted by a source (0: a plain target step, but for forced ones)."""
+        return len(self.drafted) - self.forced
+
+    @property
+    def m(self) -> int:
+        """Of those k, the ones accepted."""
+        return max(0, self.accepted - self.forced)
+
+    @property
+    def own_s(self) -> float:
+        """The round's time outside llama.cpp's decodes."""
+        return self.seconds - self.target_s - self.draft_s
+
+    @property
+    def origin(self) -> str:
+        """Where a lookup draft's text was seen ("" for a model's draft)."""
+        if self.source != "lookup" or self.k == 0:
+            return ""
+        return self.origins[self.forced]
 
 
 @dataclass(frozen=True)

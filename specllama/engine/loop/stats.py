@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .events import RoundVerified
 
 
 @dataclass
@@ -47,36 +50,30 @@ class Stats:
     predicted_speedup: float | None = None
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
 
-    def record_round(self, k: int, m: int, emitted: int, *, seconds: float = 0.0,
-                     own_s: float = 0.0, forced: int = 0, forced_accepted: int = 0,
-                     origin: str = "", spliced: Sequence[int] = (),
-                     spliced_origin: str = "") -> None:
-        """A round that drafted k tokens after `forced` ones a constraint forced, m and
-        `forced_accepted` of them accepted, and put `emitted` into the output; it took
-        `seconds`, `own_s` of them outside llama.cpp's decodes; `origin`: where a lookup
-        draft's text was seen; `spliced`: the positions of a model draft's tokens taken
-        from earlier text seen at `spliced_origin` (counted by origin too)."""
+    def record(self, r: RoundVerified) -> None:
+        """One round: its drafts by source and origin, what it put into the output, and
+        its time (outside llama.cpp's decodes too, for rounds without a draft)."""
+        k, m, f = r.k, r.m, r.forced
         self.target_steps += 1
-        self.rounds_s += seconds
-        self.forced += forced
-        self.forced_accepted += forced_accepted
-        if k == 0 and forced == 0:
+        self.rounds_s += r.seconds
+        self.forced += f
+        self.forced_accepted += min(f, r.accepted)
+        if k == 0 and f == 0:
             self.plain_rounds += 1
-            self.plain_own_s += own_s
+            self.plain_own_s += r.own_s
         self.draft_lengths[k] = self.draft_lengths.get(k, 0) + 1
         self.drafted += k
         self.accepted += m
-        if origin and k:
-            self.origin_drafted[origin] = self.origin_drafted.get(origin, 0) + k
-            self.origin_accepted[origin] = self.origin_accepted.get(origin, 0) + m
-        if spliced:
-            took = sum(1 for i in spliced if i < m)
-            self.spliced += len(spliced)
-            self.spliced_accepted += took
-            o = spliced_origin
-            self.origin_drafted[o] = self.origin_drafted.get(o, 0) + len(spliced)
-            self.origin_accepted[o] = self.origin_accepted.get(o, 0) + took
-        self.tokens += emitted
+        for i, origin in enumerate(r.origins[f:]):
+            if origin in ("forced", "model"):
+                continue
+            took = int(i < m)
+            self.origin_drafted[origin] = self.origin_drafted.get(origin, 0) + 1
+            self.origin_accepted[origin] = self.origin_accepted.get(origin, 0) + took
+            if r.source == "model":  # copied into a model's draft from earlier replies
+                self.spliced += 1
+                self.spliced_accepted += took
+        self.tokens += r.emitted
         self._grow(k)
         for i in range(k):
             self.drafted_at[i] += 1

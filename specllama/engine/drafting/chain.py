@@ -1,0 +1,151 @@
+"""The chain of drafters the round loop asks, and the names `--drafters` takes.
+
+Each round the chain asks its drafters in order for a continuation of the text (tokens a
+constraint forces first, always). The first drafter that proposes anything else ends the
+chain: its draft is the round's. Every drafter hears how the round ended (`accept`).
+
+Names:
+- `lookup`: copy what followed the last tokens before (this call's context, earlier
+  calls, a persisted cache, a corpus; engine/drafting/lookup.py);
+- `model`: the draft model; after `lookup` in a chain, what earlier replies of one shape
+  agree on is spliced into its drafts free;
+- `lookup>model`: the draft model, with lookups feeding its own verification (the
+  hierarchical chain: each guess it confirms costs no draft step of its own).
+
+`hybrid` is `lookup,model`: the default with a draft model; `lookup` without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ...errors import InvalidParameterError
+from ..constraint import Constraint
+from ..llama import DraftModel
+from .base import Ask, Draft, Drafter, Start
+from .crossvocab import CrossVocabDraft
+from .following import Archives
+from .forced import ForcedDrafter
+from .lookup import LookupDrafter
+from .model import ModelDrafter
+
+DRAFTER_NAMES = ("lookup", "model", "lookup>model")
+#: Words for common chains (the former draft modes).
+SHORTHANDS: dict[str, tuple[str, ...]] = {"hybrid": ("lookup", "model")}
+#: With a draft model: lookup where the text repeats itself, the draft model elsewhere.
+#: Measured (Intel Xeon, 2 threads, built-in prompts, greedy): 1.09x the target alone with
+#: the default pair, whose model draft alone never pays (1.00x), and 1.26x with
+#: smollm2-f32 (1.03x); at T = 0.8 1.00x and 1.03x (0.99x and 1.00x the model alone).
+DEFAULT_DRAFTERS: tuple[str, ...] = ("lookup", "model")
+NEED_MODEL = frozenset({"model", "lookup>model"})
+
+Drafters = tuple[str, ...]
+
+
+def parse_drafters(value: object) -> Drafters:
+    """`--drafters` text ("lookup,model"), a models.toml list, or a shorthand, as names;
+    InvalidParameterError for anything else."""
+    if isinstance(value, str):
+        items = SHORTHANDS.get(value.strip()) or tuple(
+            v.strip() for v in value.split(",") if v.strip())
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = tuple(v.strip() for v in value)
+    else:
+        raise InvalidParameterError(f"drafters must be names separated by commas, "
+                                    f"got {value!r}")
+    unknown = [v for v in items if v not in DRAFTER_NAMES]
+    if unknown or not items:
+        raise InvalidParameterError(
+            f"drafters must be some of {', '.join(DRAFTER_NAMES)} in order (or "
+            f"{', '.join(SHORTHANDS)}), got {', '.join(unknown) or 'none'}")
+    if len(set(items)) < len(items) or len(NEED_MODEL & set(items)) > 1:
+        raise InvalidParameterError(f"drafters name each drafter once and one draft model "
+                                    f"at most, got {','.join(items)}")
+    return items
+
+
+def check_drafters(value: object, has_draft_model: bool | None = None) -> Drafters:
+    """The names, refused where they need a draft model and there is none (unknown when
+    None): the command line, /set and the API share this one rule."""
+    names = parse_drafters(value)
+    if has_draft_model is False and NEED_MODEL & set(names):
+        raise InvalidParameterError(
+            f"drafters {','.join(names)} need a draft model, but this pair has none "
+            "(it drafts by lookup)")
+    return names
+
+
+def show_drafters(names: Sequence[str]) -> str:
+    return ",".join(names) if names else "none"
+
+
+class DraftChain:
+    """Asks `drafters` in order; `idle` ones (a draft model the chain does not use, a
+    lookup that only feeds the model) only keep their state in step with the text."""
+
+    def __init__(self, drafters: Sequence[Drafter], idle: Sequence[Drafter] = ()) -> None:
+        self.drafters = tuple(drafters)
+        self._all = (*self.drafters, *idle)
+
+    def __bool__(self) -> bool:
+        return bool(self.drafters)
+
+    @property
+    def decode_s(self) -> float:
+        return sum(d.decode_s for d in self._all)
+
+    @property
+    def behind(self) -> int:
+        return max((d.behind for d in self._all), default=0)
+
+    def begin(self, start: Start) -> None:
+        for d in self._all:
+            d.begin(start)
+
+    def draft(self, ask: Ask) -> Draft:
+        out = Draft()
+        for drafter in self.drafters:
+            if len(out) >= ask.room:
+                break
+            part = drafter.draft(ask.after(out))
+            out.extend(part)
+            if len(part) > part.forced:
+                break
+        return out
+
+    def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
+        for d in self._all:
+            d.accept(committed, alone_p)
+
+
+def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
+                ends: Callable[[int], bool], shadow: bool, archives: Archives,
+                constraint: Constraint | None = None) -> DraftChain:
+    """The chain of `names` (checked: `check_drafters`) over the pair's draft model (None:
+    none loaded) and what lookups may copy from; `constraint`: its forced tokens first."""
+    names = check_drafters(names, model is not None) if names else ()
+    lookup = LookupDrafter(archives=archives) if {"lookup", "lookup>model"} & set(names) \
+        else None
+    drafters: list[Drafter] = [ForcedDrafter(constraint)] if constraint is not None else []
+    drafted_by_model = False
+    for name in names:
+        if name == "lookup":
+            assert lookup is not None
+            drafters.append(lookup)
+            continue
+        assert model is not None
+        verify = name == "lookup>model"
+        if verify and isinstance(model, CrossVocabDraft):
+            raise InvalidParameterError("drafters lookup>model need a draft model that "
+                                        "shares the target's tokenizer")
+        drafter = ModelDrafter(model, p_min, ends=ends, shadow=shadow, feeder=lookup,
+                               feed="verify" if verify else "splice")
+        if lookup is not None and not verify:
+            lookup.feeds = drafter
+        drafters.append(drafter)
+        drafted_by_model = True
+    idle: list[Drafter] = [] if drafted_by_model or model is None else \
+        [ModelDrafter(model, p_min, ends=ends, idle=True)]
+    if lookup is not None and lookup not in drafters:
+        idle.append(lookup)  # it feeds the model: its index follows the text all the same
+    return DraftChain(drafters, idle)

@@ -1,0 +1,325 @@
+"""One GGUF model through llama.cpp's low-level API (llama-cpp-python's `_internals.py`
+in spirit).
+
+A `Model` is one GGUF file with its own context (KV cache) and a reusable batch.
+It tracks which tokens its KV cache holds (`cached`), decodes new tokens at the
+end of that sequence, hands out logits rows as zero-copy numpy views, and cuts
+the cache back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from ...errors import ContextOverflowError, DecodeError, KVCacheError, ModelLoadError
+from . import backend
+from . import rpc as rpc_net
+from .backend import lc  # llama_cpp, imported there with the fix for a broken install
+from .gguf import check_gguf_file
+from .vocab import Vocabulary
+
+# llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine,
+# ruinous when another process takes a core; hence the default thread count of
+# cli/options.py rather than another wait policy (docs/performance.md).
+
+LogitsWanted = Literal["none", "last", "all"]
+
+
+class DraftModel(Protocol):
+    """A draft model as the round loop drives it, in target ids: a `Model` of the
+    target's family, or a cross-vocabulary view (engine/crossvocab.py)."""
+
+    path: Path
+    cached: list[int]
+
+    @property
+    def decode_s(self) -> float: ...
+    @property
+    def tokens_evaluated(self) -> int: ...
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None: ...
+    def logits_row(self, i: int) -> np.ndarray: ...
+    def sync_to(self, tokens: list[int]) -> int: ...
+    def truncate(self, n: int) -> None: ...
+    def clear(self) -> None: ...
+    def pos_max(self) -> int: ...
+    def can_draft(self) -> bool: ...
+
+
+class Model(Vocabulary):
+    """One GGUF model with its own KV cache, driven token by token."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        rpc: Sequence[str] = (),
+    ) -> None:
+        """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
+        there instead of this machine's CPU."""
+        backend.init()
+        self.path = Path(path)
+        # llama.cpp handles (ctypes objects); None once freed
+        self._model = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        check_gguf_file(self.path, what="model")
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+
+        self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
+        model = self._load_model()
+        self.n_batch = max(1, min(n_batch, n_ctx))
+        ctx = self._create_context(model, n_ctx)
+        self._ctx = ctx
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self._mem = lc.llama_get_memory(ctx)
+        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
+        # the end) is read as a stand-in: it costs acceptance, never exactness.
+        newline = int(lc.llama_vocab_nl(self._vocab))
+        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
+        self.memory_kind = _memory_kind(model)
+        self._row_type = ctypes.c_float * self.n_vocab
+        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
+        self._fast_logits = backend.logits_address()
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        if self.rpc:
+            rpc_net.keep_alive(list(self.rpc))
+
+        self.cached: list[int] = []  # token ids held by the KV cache, position = index
+        self.decode_s = 0.0  # wall time inside llama_decode
+        self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
+        self.decode_calls = 0
+        self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
+
+    def _load_model(self) -> Any:
+        """Load the weights (onto the RPC servers when there are any) and adopt them."""
+        mparams = lc.llama_model_default_params()
+        if backend.amx_built_in():
+            mparams.use_extra_bufts = False
+        if self.rpc:
+            self._devices = backend.rpc_devices(self.rpc)  # kept alive with the model
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
+        model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"{self.path}: llama.cpp could not load it ({backend.last_log_error()}); "
+                "the file may be truncated or of an unsupported architecture"
+            )
+        self._adopt(model)
+        return model
+
+    def _create_context(self, model: Any, n_ctx: int) -> Any:
+        """A context of n_ctx tokens, one sequence, batches of n_batch, on the loaded
+        model; the model is freed when llama.cpp cannot create it."""
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(f"{self.path}: could not create a context of {n_ctx} tokens "
+                                 f"({backend.last_log_error()})")
+        return ctx
+
+    def set_threads(self, n_threads: int) -> None:
+        """Decode with n_threads from now on (chosen once the load has shown how busy
+        the machine is)."""
+        self.n_threads = max(1, int(n_threads))
+        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        super().close()
+
+    @property
+    def placement(self) -> str:
+        """Where the layers run: 'local CPU' or 'rpc HOST:PORT, ...'."""
+        return f"rpc {', '.join(self.rpc)}" if self.rpc else "local CPU"
+
+    # --------------------------------------------------------------- decoding
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
+        """Append `tokens` to the KV cache; afterwards `logits_row(i)` reads row i of
+        this call (i counted within `tokens`; only rows asked for exist)."""
+        if not tokens:
+            return
+        start = len(self.cached)
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"context window full: {start} + {len(tokens)} tokens > n_ctx {self.n_ctx}"
+            )
+        # Long inputs (prompts) go in chunks of n_batch; only the final chunk can carry logits.
+        if len(tokens) > self.n_batch:
+            if logits == "all":
+                raise ValueError("logits for every row need len(tokens) <= n_batch")
+            cut = len(tokens) - (len(tokens) - 1) % self.n_batch - 1
+            for i in range(0, cut, self.n_batch):
+                self.decode(tokens[i : i + self.n_batch], "none")
+            self.decode(tokens[cut:], logits)
+            return
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        want_all = logits == "all"
+        for i, tok in enumerate(tokens):
+            batch.token[i] = tok if tok < self.n_vocab else self._stand_in
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_all
+        if logits == "last":
+            batch.logits[len(tokens) - 1] = True
+        # Record first: if anything interrupts us, the recovery path trusts the
+        # smaller of this list and the cache's real end (pos_max).
+        self.cached.extend(tokens)
+        t0 = time.perf_counter()
+        rc = self._decode_remote(batch) if self.rpc else lc.llama_decode(self._ctx, batch)
+        self.decode_s += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            del self.cached[start:]
+            self._drop_from(start)
+            if rc == 1:
+                raise ContextOverflowError(
+                    f"{self.path.name}: no room in the KV cache for {len(tokens)} more tokens"
+                )
+            raise DecodeError(f"{self.path.name}: llama_decode failed with code {rc} on "
+                              f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
+        self.tokens_evaluated += len(tokens)
+
+    def _decode_remote(self, batch: Any) -> int:
+        with backend.stall_watch(", ".join(self.rpc)):
+            rc = int(lc.llama_decode(self._ctx, batch))
+            if rc == 0:
+                # Remote devices compute asynchronously: wait here, so decode_s (the
+                # stats, auto's costs) holds the real cost rather than the next read.
+                lc.llama_synchronize(self._ctx)
+        return rc
+
+    def warm_batch_sizes(self, sizes: Sequence[int]) -> int:
+        """On RPC devices: decode each batch size of `sizes` once (logits of every row),
+        untimed, and cut the cache and the counters back, so a measurement that follows
+        times what a decode of that size costs from then on. Local models: nothing.
+        Returns the number of decodes made.
+
+        Why: the first decode of a new batch shape makes ggml's RPC client ask the server
+        for the compute size of each MUL_MAT shape, one synchronous round trip each (five
+        for a llama-type model; ggml-rpc.cpp get_alloc_size, cached per shape); a shape
+        seen before waits for one reply only. Not worth it before generation: one decode
+        costs more than the round trips it saves."""
+        if not self.rpc:
+            return 0
+        base = len(self.cached)
+        todo = [n for n in dict.fromkeys(int(n) for n in sizes) if 1 < n <= self.n_batch
+                and n not in self._warm_sizes and base + n <= self.n_ctx]
+        if not todo:
+            return 0
+        saved = (self.decode_s, self.decode_calls, self.tokens_evaluated)
+        try:
+            for n in todo:
+                self.decode([self._stand_in] * n, "all")
+                self.truncate(base)
+                self._warm_sizes.add(n)
+        finally:
+            self.truncate(base)
+            self.decode_s, self.decode_calls, self.tokens_evaluated = saved
+        return len(todo)
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
+        if self._fast_logits is not None:
+            address = self._fast_logits(self._ctx_address, i)
+            if not address:
+                raise IndexError(f"no logits for row {i} of the last decode")
+            row: Any = self._row_type.from_address(address)  # a ctypes array: a buffer
+            return np.frombuffer(row, dtype=np.float32)
+        ptr = lc.llama_get_logits_ith(self._ctx, i)  # pragma: no cover - no private handle
+        if not ptr:
+            raise IndexError(f"no logits for row {i} of the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def can_draft(self) -> bool:
+        """A model can always draft from its cache (a cross-vocabulary view may not)."""
+        return True
+
+    def pos_max(self) -> int:
+        """Highest position the KV cache really holds (-1 when empty)."""
+        return int(lc.llama_memory_seq_pos_max(self._mem, 0))
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached tokens, drop the rest (trusting `cached`: a cache
+        an interrupt may have left mid-update is sync_to's to repair)."""
+        if n < len(self.cached):
+            self._drop_from(n)
+            del self.cached[n:]
+
+    @property
+    def can_rewind(self) -> bool:
+        """Whether the memory can drop a suffix (False for recurrent and hybrid models)."""
+        return self.memory_kind == "transformer"
+
+    def _drop_from(self, n: int) -> None:
+        if not self.can_rewind and n > 0:
+            # A recurrent state cannot be cut back (llama.cpp may even drop all of it and
+            # report success): rebuild it from the tokens kept. Correct, and rare outside
+            # speculation, which refuses such models.
+            kept = self.cached[:n]
+            lc.llama_memory_clear(self._mem, True)
+            del self.cached[:]
+            self.decode(kept, "none")
+            return
+        if not lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise KVCacheError(
+                f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
+                "stopping rather than continuing with a cache that holds what it should not"
+            )
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.cached.clear()
+
+    def sync_to(self, tokens: list[int]) -> int:
+        """Make the cache a prefix of `tokens`, keeping the longest common prefix it
+        already holds (also repairs a cache left mid-update by an interrupt).
+        Returns the number of tokens kept."""
+        real_end = self.pos_max() + 1
+        limit = min(len(self.cached), len(tokens), real_end)
+        cached = self.cached
+        if cached[:limit] == list(tokens[:limit]):  # the usual case, at C speed
+            keep = limit
+        else:
+            keep = 0
+            while cached[keep] == tokens[keep]:
+                keep += 1
+        if keep < len(cached) or keep < real_end:
+            self._drop_from(keep)
+            del cached[keep:]
+        return keep
+
+
+def _memory_kind(model) -> str:
+    """"transformer", "recurrent" (Mamba, RWKV) or "hybrid" (attention plus recurrent layers)."""
+    if lc.llama_model_is_recurrent(model):
+        return "recurrent"
+    is_hybrid = getattr(lc, "llama_model_is_hybrid", None)  # newer llama.cpp only
+    if is_hybrid is not None and is_hybrid(model):
+        return "hybrid"
+    return "transformer"

@@ -1,0 +1,88 @@
+"""Where a draft ends under `draft_max="auto"`: the stop rule.
+
+`AutoDraftLength.choose` sets the rate a draft's tokens must beat (what drafting is
+expected to give); then, row by row, `StopRule.extend` draws the next token while what
+it is expected to add pays for verifying it (and, in a model draft, for its draft step)
+at that rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.drafting.base import DraftStep
+from .state import AutoState
+
+
+@dataclass
+class StopRule:
+    """The stop rule of one generation call's drafts (see the module docstring)."""
+
+    state: AutoState
+    # The model draft of this round (see extend): the tokens per second its tokens must
+    # beat, and the chance that every token drafted so far is accepted.
+    _rate: float = 0.0
+    _reach: float = 1.0
+    _extending: str = "model"  # the source (key) of the draft `extend` is asked about
+    _gain: float = 1.0  # a lookup draft's expected tokens so far (see _extend_lookup)
+    _cost: float = 0.0  # and the seconds of verifying them
+
+    def begin(self, source: str, rate: float) -> None:
+        """A draft from `source` (its key in `AutoState.sources`) begins: its tokens
+        must beat `rate` tokens per second."""
+        self._extending, self._rate = source, rate
+
+    def extend(self, j: int, confidence: float) -> DraftStep:
+        """Draw token j if what it adds, the chance it is accepted with all before it,
+        pays for verifying one more token at the rate drafting gives; read the next
+        row if a token of average acceptance there would pay for the draft step too.
+        `confidence`: the draft model's top probability, or for a lookup draft its
+        share of agreeing occurrences (learnt apart: `AutoState.confidence_of`; see
+        `_extend_lookup`).
+
+        A model draft's first token is always drawn: drafting was decided on its
+        acceptance, which thus stays measured on every round (a round cut before it
+        would teach nothing, and its draft step and wake-up are paid already)."""
+        if self._extending != "model":
+            return self._extend_lookup(j, confidence)
+        known, cap = self.state.confidence, self.state.tuning.stop_rule_cap
+        accept = known.rate(confidence)
+        known.read(accept)
+        if cap <= 0:
+            return "more"  # no stop rule: the draft runs to the k chosen
+        if j == 0:
+            self._reach = 1.0
+        costs = self.state.costs("model")
+        t, per_draft = costs.target, costs.overhead_per_draft
+        if j > 0 and self._reach * accept < self._rate * (t[j + 1] - t[j] + per_draft):
+            return "stop"
+        self._reach *= accept
+        # Going on pays if some number of further tokens, each of average acceptance,
+        # is worth its draft steps and verification at that rate.
+        gain, cost, run = 0.0, 0.0, self._reach
+        for n in range(j + 2, min(costs.k_max, cap) + 1):
+            run *= known.next_rate
+            gain += run
+            cost += costs.draft + per_draft + t[n] - t[n - 1]
+            if gain >= self._rate * cost:
+                return "more"
+        return "last"
+
+    def _extend_lookup(self, j: int, share: float) -> DraftStep:
+        """A lookup's token j costs no draft step, only one more verified token, and
+        its chance is known before anything is paid: it is drawn while the tokens it is
+        expected to add (with every token before it accepted) raise the round's
+        expected tokens per second, E/C, the first token against the target alone
+        (where it says no, hybrid drafting asks the draft model instead)."""
+        accept = self.state.confidence_of(self._extending).rate(share)
+        costs = self.state.costs(self._extending)
+        t = costs.target
+        if j == 0:
+            self._reach, self._gain, self._cost = 1.0, 1.0, t[0] + costs.overhead
+        if self.state.tuning.stop_rule_cap <= 0:
+            return "more"
+        add, more = self._reach * accept, t[j + 1] - t[j] + costs.overhead_per_draft
+        if add * self._cost < self._gain * more:
+            return "stop"
+        self._reach, self._gain, self._cost = add, self._gain + add, self._cost + more
+        return "more"

@@ -1,0 +1,46 @@
+"""Driving drafters by hand in tests: a fixed draft-length policy and requests for drafts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specllama.engine.constraint import Constraint
+from specllama.engine.drafting.base import Ask, DraftStep, always_more
+from specllama.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class Lengths:
+    """A fixed policy: k per source (one int for all, or a dict; a source it lacks gets 0),
+    a stop rule `extend` (default: run to k), and the sources it was asked about."""
+
+    def __init__(self, k: int | dict[str, int] = 4,
+                 extend: Callable[[int, float], DraftStep] = always_more) -> None:
+        self.k = k
+        self.extend = extend
+        self.asked: list[str] = []
+
+    def choose(self, source: str = "model", match: int = 0) -> int:
+        self.asked.append(source)
+        return self.k if isinstance(self.k, int) else self.k.get(source, 0)
+
+    def may_draft(self, source: str = "model", behind: int = 0) -> bool:
+        return True
+
+
+def ask(context: Sequence[int], k: int | dict[str, int] | Lengths = 4, *,
+        params: SamplingParams = GREEDY, rng: np.random.Generator | None = None,
+        constraint: Constraint | None = None, room: int = 64) -> Ask:
+    """A request for a draft after `context`, k tokens at most (or as `k` says)."""
+    lengths = k if isinstance(k, Lengths) else Lengths(k)
+    return Ask(list(context), room, lengths, params,
+               rng if rng is not None else np.random.default_rng(0), constraint)
+
+
+def proposal(index, k: int) -> list[int]:
+    """What an n-gram index alone drafts: k tokens after its match (none without one)."""
+    found = index.match()
+    return index.continuation(found[0], k) if found is not None and k > 0 else []

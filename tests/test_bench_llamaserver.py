@@ -1,0 +1,97 @@
+"""bench/llamaserver.py without servers: the contenders it starts, the requests it sends,
+what it reads back and the summary of made-up timings."""
+
+from pathlib import Path
+
+import pytest
+
+from bench import llamaserver as ls
+
+
+def arguments(*argv: str):
+    args = ls.arguments().parse_args(["--pair", "smollm2", "--threads", "2", *argv])
+    args.bins = {"llama-server": Path("/bin/llama-server"),
+                 "llama-lookup-create": Path("/bin/llama-lookup-create")}
+    return args
+
+
+def test_the_contenders_are_llama_server_alone_its_sweep_and_our_flag_sets():
+    cs = ls.contenders(arguments("--n-max", "2,3", "--p-min", "0", "--ngram", "ngram-mod"),
+                       Path("t.gguf"), Path("d.gguf"))
+    assert [c.name for c in cs] == [
+        "llama-server", "llama-server -md n-max 2 n-min 0 p-min 0",
+        "llama-server -md n-max 3 n-min 0 p-min 0", "llama-server ngram-mod",
+        "specllama --draft-max 0", "specllama default", "specllama --drafters model"]
+    alone, md = cs[0].argv, cs[1].argv
+    assert "-md" not in alone and alone[alone.index("-t") + 1] == "2"
+    assert md[md.index("-md") + 1] == "d.gguf" and md[md.index("-td") + 1] == "2"
+    ours = cs[-1].argv
+    assert ours[ours.index("--pair") + 1] == "smollm2" and ours[-2:] == ["--drafters", "model"]
+    assert {c.kind for c in cs[:4]} == {"llama-server"} and cs[-1].port_flag == "--port"
+
+
+def test_no_sweep_leaves_llama_server_alone_and_ours():
+    cs = ls.contenders(arguments("--n-max", "", "--specllama", "default"), Path("t.gguf"),
+                       Path("d.gguf"))
+    assert [c.name for c in cs] == ["llama-server", "specllama default"]
+
+
+def test_requests_are_fresh_and_sample_alike_on_both_sides():
+    assert ls.fresh("Say hi.", 1, 0.8) == "(request 2-0.8)\nSay hi."
+    chat = ls.body("m", "hi", 0.8, 7, 64, stream=True)
+    assert chat["messages"] == [{"role": "user", "content": "hi"}]
+    assert (chat["top_k"], chat["top_p"], chat["min_p"]) == (0, 1.0, 0.0)
+    assert chat["stream_options"] == {"include_usage": True}
+    plain = ls.body("m", "hi", 0.0, 7, 64, stream=False, chat=False)
+    assert plain["prompt"] == "hi" and "messages" not in plain and "stream_options" not in plain
+
+
+def test_each_servers_own_draft_counts_are_read():
+    theirs = ls.Contender("llama-server -md", [], "--port", "llama-server")
+    ours = ls.Contender("specllama default", [], "--port", "specllama")
+    r = ls.record(theirs, {"usage": {"completion_tokens": 50, "prompt_tokens": 20},
+                           "timings": {"draft_n": 30, "draft_n_accepted": 12}}, 2.0)
+    assert (r["tokens"], r["tokens_per_s"], r["drafted"], r["accepted"]) == (50, 25.0, 30, 12)
+    r = ls.record(ours, {"usage": {"completion_tokens": 40},
+                         "speculative": {"drafted": 20, "accepted": 15, "policy": "auto: x"}},
+                  0.5)
+    assert (r["tokens_per_s"], r["drafted"], r["accepted"], r["policy"]) == \
+        (80.0, 20, 15, "auto: x")
+
+
+def contender(name: str, kind: str, per_rep: list[list[float]], drafted: int = 0,
+              accepted: int = 0) -> ls.Contender:
+    c = ls.Contender(name, [], "--port", kind)
+    c.runs[0.0] = [[{"tokens_per_s": x, "tokens": 10, "drafted": drafted,
+                     "accepted": accepted} for x in rep] for rep in per_rep]
+    return c
+
+
+def test_the_summary_pairs_ratios_within_a_repetition_and_stars_llama_servers_best():
+    cs = [contender("llama-server", "llama-server", [[20.0, 80.0], [10.0, 40.0]]),
+          contender("llama-server -md a", "llama-server", [[40.0, 40.0], [30.0, 30.0]], 4, 2),
+          contender("llama-server -md b", "llama-server", [[30.0, 30.0], [20.0, 20.0]], 4, 1),
+          contender("specllama default", "specllama", [[60.0, 60.0], [30.0, 30.0]], 8, 6)]
+    rows = {r["contender"]: r for r in ls.summarize(cs, 0.0)}
+    # geometric means per repetition: alone 40 and 20, "a" 40 and 30, ours 60 and 30
+    assert rows["llama-server"]["tokens_per_s"] == \
+        pytest.approx({"min": 20.0, "median": 30.0, "max": 40.0})
+    assert rows["specllama default"]["vs_llama_server_alone"] == \
+        pytest.approx({"min": 1.5, "median": 1.5, "max": 1.5})
+    assert rows["llama-server -md a"]["best_llama_server_speculative"]
+    assert not rows["llama-server -md b"]["best_llama_server_speculative"]
+    assert rows["specllama default"]["vs_best_llama_server_speculative"] == \
+        pytest.approx({"min": 1.0, "median": 1.25, "max": 1.5})
+    assert rows["specllama default"]["acceptance"] == pytest.approx(0.75)
+    assert rows["specllama default"]["drafted_per_request"] == 8
+    assert rows["llama-server"]["acceptance"] is None
+    assert ls._fmt(rows["specllama default"]["vs_best_llama_server_speculative"]) == \
+        "1.25 [1.00-1.50]"
+
+
+def test_the_summary_without_a_speculative_llama_server():
+    cs = [contender("llama-server", "llama-server", [[20.0]]),
+          contender("specllama default", "specllama", [[30.0]])]
+    rows = ls.summarize(cs, 0.0)
+    assert "vs_best_llama_server_speculative" not in rows[1]
+    assert rows[1]["vs_llama_server_alone"]["median"] == pytest.approx(1.5)
