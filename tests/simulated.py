@@ -96,7 +96,7 @@ def outcome(k: int, accepted: int, source: Source = "model", target_s: float = 0
         emitted=forced + accepted + 1, p=(), q=(), source=source, draft_s=draft_s,
         target_s=target_s, seconds=seconds, confidences=confidences,
         work=ModelWork(draft_rows, draft_steps_s, draft_caught_up, shadow),
-        behind=draft_behind)
+        behind=draft_behind, forced=forced)
 
 
 def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256) -> list[Text]:

@@ -370,6 +370,9 @@ class Guesses:
     def __init__(self, prompt, expected, shift=0):
         self.text, self.shift = list(prompt) + list(expected), shift
 
+    def splices(self):
+        return False
+
     def agreed(self, tokens, k):
         return [], "context"
 

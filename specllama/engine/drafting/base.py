@@ -77,6 +77,10 @@ class ModelWork:
     shadow: tuple[float, ...] = ()
 
 
+#: What a round without a draft model's work carries (compared by identity: per round).
+NO_WORK = ModelWork()
+
+
 @dataclass
 class Draft:
     """The tokens the target verifies after `last`, the q each was drawn from (None: all
@@ -89,7 +93,7 @@ class Draft:
     origins: list[Origin] = field(default_factory=list)
     source: Source = "model"
     confidences: list[float] = field(default_factory=list)
-    work: ModelWork = ModelWork()
+    work: ModelWork = NO_WORK
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -111,13 +115,14 @@ class Draft:
     def extend(self, part: Draft) -> None:
         """This draft, continued by the chain's next drafter: the round is priced as that
         drafter's."""
-        self.tokens += part.tokens
-        self.qs += part.qs
-        self.origins += part.origins
         self.source = part.source
-        self.confidences += part.confidences
-        if part.work != ModelWork():
+        if part.work is not NO_WORK:
             self.work = part.work
+        if part.tokens:
+            self.tokens += part.tokens
+            self.qs += part.qs
+            self.origins += part.origins
+            self.confidences += part.confidences
 
 
 @dataclass(frozen=True)

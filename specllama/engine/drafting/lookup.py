@@ -210,6 +210,10 @@ class LookupDrafter:
         return Chain(tokens, probs, self.following.origin(f.archive, f.pos))
 
     # ------------------------------------------------------------ feeding a model
+    def splices(self) -> bool:
+        """Whether `agreed` may give anything: two documents followed at least."""
+        return len(self.following) >= 2
+
     def agreed(self, tokens: Sequence[int], k: int) -> tuple[list[int], Origin]:
         """Up to k tokens that every followed document in step with `tokens` has next
         (two at least), and where they were seen: the fixed parts of a reply of one

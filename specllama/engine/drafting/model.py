@@ -51,6 +51,10 @@ Feed = Literal["splice", "verify"]
 class Feeder(Protocol):
     """A cheap source that drafts for the draft model (a lookup)."""
 
+    def splices(self) -> bool:
+        """Whether `agreed` may give anything now (asked before building its argument)."""
+        ...
+
     def agreed(self, tokens: Sequence[int], k: int) -> tuple[list[int], Origin]:
         """Up to k tokens known to follow `tokens` (every followed document agrees), and
         where they were seen; changes no state."""
@@ -138,6 +142,7 @@ class ModelDrafter:
         self.drafting = True
         self._shadow = False
         self._committed = 0
+        self._dirty = True  # it decoded since its cache was last cut to the text
 
     @property
     def decode_s(self) -> float:
@@ -151,6 +156,7 @@ class ModelDrafter:
         """The prompt goes into the model's cache only if it may draft in this call,
         paying for that prompt too; otherwise it catches up the first time it drafts."""
         m, prefix = self.model, list(start.prompt[:-1])
+        self._dirty = True
         if not start.keep_cache:
             m.clear()
         self.target_p.clear()
@@ -164,7 +170,9 @@ class ModelDrafter:
         if self._shadow and alone_p is not None:
             self.target_p[len(committed) - 1] = alone_p
         self._committed = len(committed)
-        self.model.sync_to(list(committed[:-1]))
+        if self._dirty:  # else its cache is a prefix of the text already
+            self.model.sync_to(list(committed[:-1]))
+            self._dirty = False
 
     def draft(self, ask: Ask) -> Draft:
         k = 0 if self.idle else ask.choose("model")
@@ -172,6 +180,7 @@ class ModelDrafter:
             self.drafting = False
             return Draft()
         context = list(ask.context)
+        self._dirty = True
         kept = self._keep(context)
         caught_up = len(context) - 1 - kept
         shadow = self._catch_up(context, kept, ask)
@@ -200,7 +209,7 @@ class ModelDrafter:
 
     def _spliced(self, run: _Run) -> list[int]:
         """What the feeder says comes next (within k and the constraint), taken free."""
-        if self.feeder is None:
+        if self.feeder is None or not self.feeder.splices():
             return []
         free, origin = self.feeder.agreed(run.context(), run.k - len(run.draft.tokens))
         c = run.ask.constraint

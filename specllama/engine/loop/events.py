@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..drafting.base import ModelWork, Origin, Source
+from ..drafting.base import NO_WORK, ModelWork, Origin, Source
 from .stats import Stats
 
 # "error": an exception ended the generation (the caches are still consistent).
@@ -101,17 +101,10 @@ class RoundVerified:
     seconds: float  # wall time of the round
     #: the drafter's confidence at each token after the forced ones (empty: not read)
     confidences: tuple[float, ...] = ()
-    work: ModelWork = ModelWork()  # what the draft model did
+    work: ModelWork = NO_WORK  # what the draft model did
     #: committed tokens the draft model's cache lacks after this round, beyond the newest
     behind: int = 0
-
-    @property
-    def forced(self) -> int:
-        """Leading drafts a constraint forced (no source drafted them)."""
-        n = 0
-        while n < len(self.origins) and self.origins[n] == "forced":
-            n += 1
-        return n
+    forced: int = 0  # leading drafts a constraint forced (no source drafted them)
 
     @property
     def k(self) -> int:

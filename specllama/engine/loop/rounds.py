@@ -239,6 +239,7 @@ class Generation:
             confidences=tuple(draft.confidences),
             work=draft.work,
             behind=self.chain.behind,
+            forced=draft.forced,
         )
 
     def _report(self, record: RoundVerified, done: Committed) -> Iterator[Event]:
