@@ -237,7 +237,12 @@ def test_the_readme_opens_with_the_two_commands_and_what_the_first_run_shows():
     setup, tests = [ln for ln in lines[:20] if ln.startswith(("python3 -m venv", ". .venv"))]
     assert setup.count("pip install -q") == 2  # no page of pip output before the answer
     assert setup.endswith('specllama generate "Write a haiku about autumn."')
-    assert tests == ". .venv/bin/activate && pip install -q -e '.[test]' && python -m pytest -q"
+    assert tests == (". .venv/bin/activate && pip install -q -e '.[test]' && "
+                     'python -m pytest -q -n auto -m "not slow"')
+    # CI runs that command and the slow tests it leaves out
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert 'python -m pytest -q -n auto -m "not slow"' in ci
+    assert "python -m pytest -q -n auto -m slow" in ci
     head = text[: text.index("## A short tour")]
     assert "## What it does" in head and "## The first run" in head
     assert "barely speculates" in head and "The default drafters, `lookup,model`" in head
