@@ -411,11 +411,15 @@ def test_boundary_values_are_accepted(tmp_path):
     assert defaults.draft_max == 0
 
 
-SOURCES_TARGET = (
+SOURCES = (
     '"hf://OWNER/REPO/FILE.gguf", { path = "..." }, { package = "...", file = "..." }, '
     '{ hf = "OWNER/REPO", file = "..." }'
 )
-SOURCES_DRAFT = SOURCES_TARGET + ', { derive = "target", quant = "Q4_0" } or "lookup"'
+SOURCES_TARGET = SOURCES + ' or { synthetic = "smollm2-1.7b" }'
+SOURCES_DRAFT = (
+    SOURCES + ', { derive = "target", quant = "Q4_0" }, { derive = "target", layers = 2 } '
+    'or "lookup"'
+)
 
 STRUCTURE_ERRORS = [
     # top level
@@ -534,7 +538,7 @@ STRUCTURE_ERRORS = [
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "target", quant = "Q3_K" }\n',
         'pairs.qwen7b.draft.quant: unknown quantization "Q3_K"; '
-        "expected one of: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, F16, F32",
+        "expected one of: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K_M, Q6_K, F16, F32",
     ),
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "target", quant = 4 }\n',
@@ -542,7 +546,8 @@ STRUCTURE_ERRORS = [
     ),
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "target" }\n',
-        "pairs.qwen7b.draft.quant: required but missing",
+        'pairs.qwen7b.draft: takes quant (the target requantized: quant = "Q4_0") or layers '
+        "(its first layers: layers = 2), one of them",
     ),
     (
         '[pairs.qwen7b]\ntarget = "t.gguf"\ndraft = { derive = "draft", quant = "Q4_0" }\n',

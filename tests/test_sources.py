@@ -21,7 +21,7 @@ import pytest
 
 import specllama
 from specllama.errors import DraftDerivationError, ModelLoadError
-from specllama.models import derive
+from specllama.models import makeonce
 from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
 from specllama.models.sources import cache_dir, derived_path, resolve_pair, resolve_source
 from specllama.models.status import locations, source_status
@@ -431,7 +431,7 @@ def test_read_only_cache_dir(cache, monkeypatch, fake, derive_pair):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(derive.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(makeonce.tempfile, "mkstemp", read_only)
     with pytest.raises(DraftDerivationError) as info:
         resolve_source(derive_pair.draft, pair=derive_pair)
     assert str(info.value) == (

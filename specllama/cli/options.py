@@ -33,6 +33,7 @@ from ..errors import InvalidParameterError
 from ..models.config import Pair, find_and_load_config, source_from_flag
 from ..models.hf import resolve_hf
 from ..models.sources import check_gguf_file, resolve_pair
+from ..models.synthetic import SYNTHETIC_KEY
 from ..paths import cache_dir
 from ..policy import AutoState
 from ..policy.cpumeter import MIN_WALL_S, CpuMeter, cores, threads_for
@@ -151,11 +152,14 @@ class RunSettings(Settings):
     target: str = ""
     draft: str = ""
     stop: tuple[str, ...] = ()
+    #: What a synthetic target says of itself (random weights: costs real, text meaningless).
+    synthetic: str | None = None
 
     def as_dict(self) -> dict[str, object]:
-        """For JSON: every field, tuples as lists."""
+        """For JSON: every field, tuples as lists; `synthetic` only for a synthetic model."""
         values = ((f.name, getattr(self, f.name)) for f in fields(self))
-        return {name: list(v) if isinstance(v, tuple) else v for name, v in values}
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in values
+                if name != "synthetic" or v is not None}
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,9 @@ def open_decoder(run: RunOptions, console: Console, *,
         if calibrate:  # here rather than at the first round: the time shows as loading
             measure_costs(decoder, merged.draft_max, run.recalibrate, say)
         attach_cache(decoder, merged, say, console)
+    synthetic = decoder.target.meta(SYNTHETIC_KEY)
+    if synthetic:  # whatever is timed or read from this run, it is not a real model's
+        console.print(f"note: synthetic model, {synthetic}", markup=False, highlight=False)
     if decoder.n_ctx != merged.n_ctx:
         # llama.cpp rounds the context up (to a multiple of 256): say so, not silently.
         console.print(f"note: the context window is {decoder.n_ctx} tokens, not "
@@ -287,7 +294,8 @@ def open_decoder(run: RunOptions, console: Console, *,
     resolved.update(drafters=drafters, n_ctx=decoder.n_ctx,
                     threads=decoder.target.n_threads, rpc=rpc)
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
-                           target=str(choice.target), draft=choice.draft_label)
+                           target=str(choice.target), draft=choice.draft_label,
+                           synthetic=synthetic)
     return decoder, settings
 
 

@@ -14,7 +14,8 @@ from ..engine.sampling import SamplingParams
 from ..errors import SpecLlamaError
 from ..models.config import Pair, find_and_load_config, packaged_config_path
 from ..models.sources import resolve_pair
-from ..models.status import locations, pending_downloads, source_status
+from ..models.status import locations, pending_downloads, pending_synthetic, source_status
+from ..models.synthetic import SYNTHETIC_KEY
 from .ui import stderr_console
 
 #: What `pairs check` generates from: a chat question, then raw text and code (a base
@@ -121,6 +122,11 @@ def pairs_check(names: tuple[str, ...], config_path: str | None, max_tokens: int
             click.echo(f"{name}: skipped: needs a download ({'; '.join(pending)}); "
                        f"run `specllama pairs check {name}` to fetch and check it")
             continue
+        unmade = pending_synthetic(pair)
+        if unmade and not names:  # nor minutes of writing gigabytes of random weights
+            click.echo(f"{name}: skipped: its target is made on first use ({unmade}); "
+                       f"run `specllama pairs check {name}` to make and check it")
+            continue
         cross = bool(pair.defaults.as_dict().get("cross_vocab", False))
         try:
             t0 = time.perf_counter()
@@ -160,6 +166,9 @@ def _report(dec: SpeculativeDecoder, name: str, load_s: float, max_tokens: int,
         f"{spec.stats.tokens_per_step:.2f} tokens/step; {spec.stats.tokens_per_s:.1f} tok/s "
         f"vs {alone.stats.tokens_per_s:.1f} alone ({ratio:.2f}x)"
     )
+    synthetic = dec.target.meta(SYNTHETIC_KEY)
+    if synthetic:  # part of this pair's report: what its figures mean
+        click.echo(f"  note: synthetic model, {synthetic}")
     click.echo("  " + batch_invariance(dec, tokens, BATCH_CHECK_TOKENS).describe())
     if dec.draft is not None:
         prompts = [dec.target.prompt(p) for p in CHECK_PROMPTS]

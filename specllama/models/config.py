@@ -18,6 +18,10 @@ default settings::
     target = "~/models/qwen2.5-7b-instruct-q4_k_m.gguf"   # relative to this file; ~ expands
     draft  = "~/models/qwen2.5-0.5b-instruct-q8_0.gguf"
 
+    [pairs.synth]        # random weights in a real shape: costs are real, text meaningless
+    target = { synthetic = "smollm2-1.7b", quant = "Q4_K_M", late = 0.1 }
+    draft  = { derive = "target", layers = 2 }
+
     [pairs.llama8b]      # from Hugging Face (downloaded into its cache on first use)
     target = "hf://bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/*Q4_K_M.gguf"   # a glob
     draft  = { hf = "bartowski/Llama-3.2-1B-Instruct-GGUF", file = "*Q4_K_M.gguf" }
@@ -42,7 +46,7 @@ from typing import Any
 
 from ..engine.settings import FILE_SETTINGS, SETTINGS, got, validate_setting
 from ..errors import ConfigError
-from .schema import DERIVE_QUANTS, Config, ModelSource, Pair, PairDefaults
+from .schema import DERIVE_QUANTS, SHAPES, Config, ModelSource, Pair, PairDefaults
 from .search import (
     config_search_path,
     find_config,
@@ -158,6 +162,7 @@ class _Loader(SourceReader):
         raw_draft, draft_quant = self.file_quant(raw["draft"], ("pairs", name, "draft"))
         target = self.source(raw_target, ("pairs", name, "target"), role="target")
         draft = self.source(raw_draft, ("pairs", name, "draft"), role="draft")
+        self.check_layers(target, draft, ("pairs", name, "draft", "layers"))
         defaults = self.defaults(raw.get("defaults", {}), ("pairs", name, "defaults"))
         return Pair(
             name=name,
@@ -170,6 +175,17 @@ class _Loader(SourceReader):
             draft_quant=draft_quant,
             config_path=self.path,
         )
+
+    def check_layers(self, target: ModelSource, draft: ModelSource,
+                     parts: tuple[str, ...]) -> None:
+        """A draft of a synthetic target's first layers takes fewer than it has (another
+        target's layers are known once its file is: checked when the draft is made)."""
+        if draft.layers is None or target.synthetic is None:
+            return
+        n_layers = SHAPES[target.synthetic.shape].layers
+        if draft.layers >= n_layers:
+            self.fail(toml_key(*parts), f"must be fewer than the target's {n_layers} layers "
+                                        f"({target.synthetic.title} shape), got {draft.layers}")
 
     def target_rpc(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
         """A target table's `rpc = ["HOST:PORT", ...]` (where its layers run), and
@@ -190,8 +206,10 @@ class _Loader(SourceReader):
     def file_quant(self, raw: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
         """A file source table's `quant = "F32"` (the file requantized once; the target's
         or the draft's), and the table without it for `source`. A `{ derive = "target",
-        quant = ... }` draft keeps its quant: that is its own form."""
-        if not isinstance(raw, dict) or "quant" not in raw or "derive" in raw:
+        quant = ... }` draft and a `{ synthetic = ..., quant = ... }` target keep their
+        quant: it is their own form's."""
+        if not isinstance(raw, dict) or "quant" not in raw or "derive" in raw \
+                or "synthetic" in raw:
             return raw, None
         quant = self.quant(raw["quant"], toml_key(*parts, "quant"))
         return {k: v for k, v in raw.items() if k != "quant"}, quant

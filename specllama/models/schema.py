@@ -9,17 +9,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from ..engine.settings import Overrides
 from ..errors import ConfigError
+from .derive import first_layers_tag
+from .synthetic import (
+    DEFAULT_EARLY,
+    DEFAULT_LATE,
+    DEFAULT_QUANT,
+    DEFAULT_SEED,
+    SHAPES,
+    approx_size,
+    synthetic_path,
+)
 
 CONFIG_FILENAME = "models.toml"
 CONFIG_ENV_VAR = "SPECLLAMA_CONFIG"
 
 #: Quantization types a model may be derived with (llama.cpp ftype names). F32 serves as a
 #: target: dequantized, a small model becomes bound by memory bandwidth like a laptop's 7B.
-DERIVE_QUANTS: tuple[str, ...] = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "F16", "F32")
+DERIVE_QUANTS: tuple[str, ...] = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K_M", "Q6_K", "F16", "F32",
+)
 #: The draft source string meaning "no draft model: prompt-lookup drafting".
 LOOKUP = "lookup"
 
@@ -28,8 +40,10 @@ HF_SCHEME = "hf://"
 #: The revision (branch, tag or commit) of an ``hf`` source that names none.
 HF_DEFAULT_REVISION = "main"
 
-SourceKind = Literal["path", "package", "derive", "lookup", "hf"]
-_SOURCE_KINDS = ("path", "package", "derive", "lookup", "hf")
+SourceKind = Literal["path", "package", "derive", "lookup", "hf", "synthetic"]
+_SOURCE_KINDS = ("path", "package", "derive", "lookup", "hf", "synthetic")
+#: The widest weight scale of a synthetic model's later layers (models.toml's `late`).
+MAX_LATE = 1.0
 
 # One half of a Hugging Face repo id (as huggingface_hub's validate_repo_id allows).
 _HF_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
@@ -73,16 +87,58 @@ def split_hf_url(url: str) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
+class SyntheticSpec:
+    """A synthetic model (:mod:`.synthetic`): random weights in the shape ``shape`` (a
+    key of :data:`SHAPES`), quantized to ``quant``, its first ``early`` layers at full
+    scale and the later ones scaled by ``late``, drawn from ``seed``."""
+
+    shape: str
+    quant: str = DEFAULT_QUANT
+    early: int = DEFAULT_EARLY
+    late: float = DEFAULT_LATE
+    seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"unknown shape {self.shape!r}; expected one of {tuple(SHAPES)}")
+        if self.quant not in DERIVE_QUANTS:
+            raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
+        if not 1 <= self.early <= SHAPES[self.shape].layers:
+            raise ValueError(f"early must be 1..{SHAPES[self.shape].layers}, got {self.early}")
+        if not 0.0 <= self.late <= MAX_LATE:
+            raise ValueError(f"late must be in [0, {MAX_LATE:g}], got {self.late}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def path(self) -> Path:
+        """Where it is made once (made or not)."""
+        return synthetic_path(self.shape, self.quant, self.early, self.late, self.seed)
+
+    @property
+    def title(self) -> str:
+        return SHAPES[self.shape].title
+
+    def describe(self) -> str:
+        size = approx_size(SHAPES[self.shape], self.quant)
+        return (f"synthetic {self.title} shape: random weights, {self.quant} ({size}), layers "
+                f"after the first {self.early} scaled by {self.late:g}, made once in the "
+                "user cache")
+
+
+@dataclass(frozen=True)
 class ModelSource:
     """Where a model comes from. Exactly the fields of its ``kind`` are set.
 
     - ``path``: ``path`` (absolute, ``~`` expanded, relative paths already joined
       to the config file's directory)
     - ``package``: ``package`` (importable name) and ``file`` (relative to its directory)
-    - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`); requantized from the target
+    - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`): requantized from the target;
+      or ``layers``: the target's first ``layers`` layers
     - ``lookup``: nothing (prompt-lookup drafting, no draft model)
     - ``hf``: ``repo`` (``OWNER/REPO`` on Hugging Face), ``file`` (a ``.gguf`` name in
       it, or a glob such as ``*q4_k_m*.gguf``) and ``revision`` (default ``"main"``)
+    - ``synthetic``: ``synthetic``, a random-weight model of a real shape (a target)
     """
 
     kind: SourceKind
@@ -92,6 +148,8 @@ class ModelSource:
     quant: str | None = None
     repo: str | None = None
     revision: str | None = None
+    layers: int | None = None
+    synthetic: SyntheticSpec | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "hf" and self.revision is None:
@@ -99,9 +157,10 @@ class ModelSource:
         expected = {
             "path": {"path"},
             "package": {"package", "file"},
-            "derive": {"quant"},
+            "derive": {"quant"} if self.layers is None else {"layers"},
             "lookup": set(),
             "hf": {"repo", "file", "revision"},
+            "synthetic": {"synthetic"},
         }.get(self.kind)
         if expected is None:
             raise ValueError(f"unknown source kind {self.kind!r}; expected one of {_SOURCE_KINDS}")
@@ -110,7 +169,10 @@ class ModelSource:
             raise ValueError(
                 f"a {self.kind!r} source takes {sorted(expected)}, got {sorted(given)}"
             )
-        if self.kind == "derive" and self.quant not in DERIVE_QUANTS:
+        if self.kind == "derive" and self.layers is not None:
+            if self.layers < 1:
+                raise ValueError(f"layers must be >= 1, got {self.layers}")
+        elif self.kind == "derive" and self.quant not in DERIVE_QUANTS:
             raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
         if self.kind == "hf":
             assert self.repo is not None and self.file is not None
@@ -132,6 +194,16 @@ class ModelSource:
     @classmethod
     def derived(cls, quant: str) -> ModelSource:
         return cls(kind="derive", quant=quant)
+
+    @classmethod
+    def first_layers(cls, layers: int) -> ModelSource:
+        """A draft made of the target's first ``layers`` layers."""
+        return cls(kind="derive", layers=layers)
+
+    @classmethod
+    def from_synthetic(cls, shape: str, **spec: Any) -> ModelSource:
+        """A synthetic model of ``shape`` (``spec``: :class:`SyntheticSpec`'s other fields)."""
+        return cls(kind="synthetic", synthetic=SyntheticSpec(shape, **spec))
 
     @classmethod
     def lookup(cls) -> ModelSource:
@@ -178,9 +250,23 @@ class ModelSource:
             return self.hf_url + at
         if self.kind == "package":
             return f"{self.file} (from Python package {self.package})"
+        if self.kind == "derive" and self.layers is not None:
+            return (f"the target's first {self.layers} layers, with its embeddings and "
+                    "output head")
         if self.kind == "derive":
             return f"{self.quant} requantization of the target"
+        if self.kind == "synthetic":
+            assert self.synthetic is not None
+            return self.synthetic.describe()
         return "prompt lookup (no draft model)"
+
+    @property
+    def derive_tag(self) -> str:
+        """What a ``derive`` source makes of the target, as its file names say it: the
+        quant (``Q4_0``), or ``first2`` for the first two layers."""
+        if self.kind != "derive":
+            raise ValueError(f"a {self.kind!r} source is not derived")
+        return first_layers_tag(self.layers) if self.layers is not None else str(self.quant)
 
 
 #: A pair's default settings (models.toml `[defaults]`): the settings it gives, each

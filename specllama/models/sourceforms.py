@@ -1,14 +1,17 @@
 """A model source as written in models.toml or on the command line -> :class:`ModelSource`.
 
 The forms: a path string, ``"hf://OWNER/REPO/FILE.gguf"``, ``"lookup"`` (a draft
-only), and the tables ``{ path }``, ``{ package, file }``, ``{ hf, file, revision }``
-and ``{ derive = "target", quant }`` (a draft only). Each problem is a one-line
-:class:`ConfigError` naming the key. Nothing here touches the file system.
+only), and the tables ``{ path }``, ``{ package, file }``, ``{ hf, file, revision }``,
+``{ derive = "target", quant }`` or ``{ derive = "target", layers }`` (a draft only) and
+``{ synthetic = SHAPE, quant, early, late, seed }`` (a target only). Each problem is a
+one-line :class:`ConfigError` naming the key. Nothing here touches the file system.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -21,7 +24,10 @@ from .schema import (
     HF_DEFAULT_REVISION,
     HF_SCHEME,
     LOOKUP,
+    MAX_LATE,
+    SHAPES,
     ModelSource,
+    SyntheticSpec,
     hf_file_problem,
     hf_repo_problem,
     split_hf_url,
@@ -36,14 +42,16 @@ _HF_URL_RE = re.compile(
     r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[^/]+/[^/]+)"
     r"/(?:blob|resolve)/(?P<rev>[^/]+)/(?P<file>[^?#]+)"
 )
-# Each table form by the key that names it, in the order a table is tried; "revision"
-# is the one optional key.
+# Each table form by the key that names it, in the order a table is tried; _OPTIONAL: the
+# keys a form may leave out (a derive table takes one of quant and layers: checked apart).
 _TABLE_FORMS: dict[str, tuple[str, ...]] = {
-    "derive": ("derive", "quant"),
+    "derive": ("derive", "quant", "layers"),
+    "synthetic": ("synthetic", "quant", "early", "late", "seed"),
     "package": ("package", "file"),
     "hf": ("hf", "file", "revision"),
     "path": ("path",),
 }
+_OPTIONAL = frozenset({"revision", "quant", "layers", "early", "late", "seed"})
 
 
 def toml_key(*parts: str) -> str:
@@ -59,7 +67,10 @@ def _forms(role: str) -> str:
         '{ package = "...", file = "..." }, { hf = "OWNER/REPO", file = "..." }'
     )
     if role == "draft":
-        forms += ', { derive = "target", quant = "Q4_0" } or "lookup"'
+        forms += (', { derive = "target", quant = "Q4_0" }, { derive = "target", layers = 2 } '
+                  'or "lookup"')
+    else:
+        forms += ' or { synthetic = "smollm2-1.7b" }'
     return forms
 
 
@@ -88,6 +99,8 @@ class SourceReader:
             return self._hf_table(raw, parts)
         if form == "package":
             return self._package_table(raw, parts)
+        if form == "synthetic":
+            return self._synthetic_table(raw, parts, role=role)
         return self._derive_table(raw, parts, role=role)
 
     def quant(self, value: Any, key: str) -> str:
@@ -186,7 +199,7 @@ class SourceReader:
                     f"unknown key for {article} {form} source (expected: {', '.join(allowed)})",
                 )
         for key in allowed:
-            if key not in raw and key != "revision":
+            if key not in raw and key not in _OPTIONAL:
                 self.fail(toml_key(*parts, key), "required but missing")
         return form
 
@@ -253,10 +266,64 @@ class SourceReader:
                 toml_key(*parts),
                 "a derived model is only valid for draft (it is made from the target)",
             )
-        derive, quant = raw["derive"], raw["quant"]
+        derive = raw["derive"]
         if derive != "target":
             self.fail(toml_key(*parts, "derive"), f'must be "target", {got(derive)}')
-        return ModelSource(kind="derive", quant=self.quant(quant, toml_key(*parts, "quant")))
+        if ("quant" in raw) == ("layers" in raw):
+            self.fail(
+                toml_key(*parts),
+                'takes quant (the target requantized: quant = "Q4_0") or layers (its first '
+                "layers: layers = 2), one of them",
+            )
+        if "quant" in raw:
+            return ModelSource.derived(self.quant(raw["quant"], toml_key(*parts, "quant")))
+        layers = raw["layers"]
+        if not _is_int(layers) or layers < 1:
+            self.fail(toml_key(*parts, "layers"), f"must be a whole number >= 1, {got(layers)}")
+        return ModelSource.first_layers(layers)
+
+    def _synthetic_table(
+        self, raw: dict[str, Any], parts: tuple[str, ...], *, role: str
+    ) -> ModelSource:
+        if role != "target":
+            self.fail(toml_key(*parts), 'a synthetic model is only valid for target (its '
+                      'draft: { derive = "target", layers = 2 })')
+        shape = raw["synthetic"]
+        if not isinstance(shape, str) or shape not in SHAPES:
+            close = difflib.get_close_matches(str(shape).lower(), list(SHAPES), n=1)
+            what = (f"unknown shape {show(shape)}" if isinstance(shape, str)
+                    else f"must be a shape name, {got(shape)}")
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            self.fail(toml_key(*parts, "synthetic"),
+                      f"{what}{hint}; expected one of: {', '.join(SHAPES)}")
+        spec: dict[str, Any] = {}
+        if "quant" in raw:
+            spec["quant"] = self.quant(raw["quant"], toml_key(*parts, "quant"))
+        n_layers = SHAPES[shape].layers
+        early = raw.get("early")
+        if early is not None and (not _is_int(early) or not 1 <= early <= n_layers):
+            self.fail(toml_key(*parts, "early"),
+                      f"must be a whole number from 1 to the shape's {n_layers} layers, "
+                      f"{got(early)}")
+        late = raw.get("late")
+        if late is not None and (not _is_number(late) or not 0 <= late <= MAX_LATE):
+            self.fail(toml_key(*parts, "late"),
+                      f"must be a number from 0 to {MAX_LATE:g} (the later layers' weight "
+                      f"scale: 0.1 is typical), {got(late)}")
+        seed = raw.get("seed")
+        if seed is not None and (not _is_int(seed) or seed < 0):
+            self.fail(toml_key(*parts, "seed"), f"must be a whole number >= 0, {got(seed)}")
+        given = {"early": early, "late": None if late is None else float(late), "seed": seed}
+        spec.update({k: v for k, v in given.items() if v is not None})
+        return ModelSource(kind="synthetic", synthetic=SyntheticSpec(shape, **spec))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def source_from_flag(value: str, *, role: str) -> ModelSource:

@@ -3,7 +3,10 @@
 - ``path``: checked to be a non-empty regular file starting with the GGUF magic.
 - ``package``: a file inside an installed Python package's directory, assembled once
   into the user cache when the package ships it in chunks (:mod:`.packages`).
-- ``derive``: the target requantized once into the user cache (:mod:`.derive`).
+- ``derive``: the target requantized, or its first layers, made once into the user
+  cache (:mod:`.derive`).
+- ``synthetic``: a random-weight model of a real shape, made once into the user cache
+  (:mod:`.synthetic`).
 - ``quant`` on the target's or the draft's file source (``Pair.target_quant``,
   ``Pair.draft_quant``): that file requantized once into the user cache, the same way.
 - ``lookup``: has no file; :func:`resolve_source` refuses it.
@@ -19,10 +22,11 @@ from pathlib import Path
 
 from ..engine.llama.gguf import GGUF_MAGIC, check_gguf_file
 from ..paths import CACHE_ENV_VAR, cache_dir
-from .derive import derive, derived_path
+from .derive import derive, derive_first_layers, derived_path
 from .hf import hf_cache_dir, hf_cli, hf_offline, resolve_hf
 from .packages import find_package_file
 from .schema import ModelSource, Pair
+from .synthetic import make_synthetic
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -74,8 +78,9 @@ def resolve_source(
     a pair's ``target_quant`` / ``draft_quant`` is not applied here (see
     :func:`resolve_target`, :func:`resolve_draft`).
 
-    ``n_threads`` is used only when a derived draft has to be made; ``progress`` (a
-    ``progress(message)`` callback) hears about deriving, assembling and downloading;
+    ``n_threads`` is used only when a model has to be quantized (a derived draft, a
+    synthetic target); ``progress`` (a ``progress(message)`` callback) hears about
+    deriving, making, assembling and downloading;
     ``role`` ("target" or "draft") names the source in messages when target and draft
     are the same source. Raises :class:`ModelLoadError` for missing or invalid files and
     packages and for Hugging Face models that cannot be had (offline, unknown repo or
@@ -98,13 +103,21 @@ def resolve_source(
     if source.kind == "hf":
         return resolve_hf(source, what=what, hint=hint, progress=progress)
 
+    if source.kind == "synthetic":
+        spec = source.synthetic
+        assert spec is not None
+        return make_synthetic(spec.shape, spec.quant, spec.early, spec.late, spec.seed,
+                              n_threads=n_threads, progress=progress)
+
     if source.kind == "derive":
-        assert source.quant is not None
-        if pair.target.kind not in ("path", "package", "hf"):
+        if pair.target.kind not in ("path", "package", "hf", "synthetic"):
             raise ValueError(
                 f"pair {pair.name!r}: cannot derive a draft from a {pair.target.kind} target"
             )
         target = resolve_target(pair, n_threads=n_threads, progress=progress)
+        if source.layers is not None:
+            return derive_first_layers(target, source.layers, progress=progress)
+        assert source.quant is not None
         return derive(target, source.quant, n_threads=n_threads, progress=progress)
 
     if source.kind == "lookup":
@@ -116,7 +129,8 @@ def resolve_target(
     pair: Pair, *, n_threads: int | None = None, progress: Progress | None = None
 ) -> Path:
     """The target's file: its source, requantized once when the pair sets ``quant``."""
-    target = resolve_source(pair.target, pair=pair, progress=progress, role="target")
+    target = resolve_source(pair.target, pair=pair, n_threads=n_threads, progress=progress,
+                            role="target")
     if pair.target_quant is None:
         return target
     return derive(target, pair.target_quant, n_threads=n_threads, progress=progress,

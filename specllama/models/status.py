@@ -1,24 +1,26 @@
 """What a pair's sources amount to on this machine, as text, for ``specllama pairs``:
 whether they are ready, still to download or missing, and where each one resolves.
 
-Nothing here loads, derives, assembles or downloads anything, nor touches the network:
-a Hugging Face model is looked up in the cache only, a package's file is found but not
-assembled, and a requantized file is only looked for where :mod:`.derive` would make it.
+Nothing here loads, derives, makes, assembles or downloads anything, nor touches the
+network: a Hugging Face model is looked up in the cache only, a package's file is found
+but not assembled, and a requantized, first-layers or synthetic file is only looked for
+where :mod:`.derive` or :mod:`.synthetic` would make it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.llama.gguf import check_gguf_file
+from ..engine.llama.gguf import check_gguf_file, is_gguf
 from ..errors import DraftDerivationError, ModelLoadError
 from .derive import derived_path
 from .hf import hf_cache_dir, hf_lookup, hf_offline, hub_installed
 from .packages import PACKAGE_INSTALL_HINTS, package_file
-from .schema import ModelSource, Pair
+from .schema import ModelSource, Pair, SyntheticSpec
 from .sources import resolve_source
+from .synthetic import SHAPES, approx_size
 
-__all__ = ["locations", "pending_downloads", "source_status"]
+__all__ = ["locations", "pending_downloads", "pending_synthetic", "source_status"]
 
 
 def _quant_of(pair: Pair, role: str) -> str | None:
@@ -41,6 +43,11 @@ def _status_file(
             steps.append("assembled from its Python package")
             return None
         return check_gguf_file(found, what=what)
+    if source.synthetic is not None:
+        made = _synthetic_file(source.synthetic)
+        if made is None:
+            steps.append("written with random weights")
+        return made
     if source.kind != "hf":
         return resolve_source(source, pair=pair, role=role)
     cached = hf_lookup(source, hf_cache_dir())
@@ -74,6 +81,11 @@ def _status_model(
     return found
 
 
+def _synthetic_file(spec: SyntheticSpec) -> Path | None:
+    """A synthetic model's file, or None while it is not made."""
+    return spec.path if spec.path.is_file() and is_gguf(spec.path) else None
+
+
 def pending_downloads(pair: Pair) -> list[str]:
     """The Hugging Face models of ``pair`` that are not in the cache yet, as
     ``"target: hf://OWNER/REPO/FILE"`` strings (empty: nothing to download). No network."""
@@ -82,6 +94,15 @@ def pending_downloads(pair: Pair) -> list[str]:
         if source.kind == "hf" and not hf_lookup(source, hf_cache_dir()).complete:
             pending.append(f"{role}: {source.describe()}")
     return pending
+
+
+def pending_synthetic(pair: Pair) -> str | None:
+    """What a synthetic target still to be made amounts to, e.g. "synthetic Llama 3.1 8B
+    shape, ~4.9 GB" (None: not synthetic, or made already)."""
+    spec = pair.target.synthetic
+    if spec is None or _synthetic_file(spec) is not None:
+        return None
+    return f"synthetic {spec.title} shape, {approx_size(SHAPES[spec.shape], spec.quant)}"
 
 
 def locations(pair: Pair) -> tuple[str, str]:
@@ -104,8 +125,13 @@ def locations(pair: Pair) -> tuple[str, str]:
             elif source.kind == "derive":
                 if target is None:
                     return "derived from the target once the target is here"
-                made = derived_path(target, source.quant or "")
+                made = derived_path(target, source.derive_tag)
                 return str(made) if made.exists() else f"{made} (made on first use)"
+            elif source.synthetic is not None:
+                found_made = _synthetic_file(source.synthetic)
+                if found_made is None:
+                    return f"{source.synthetic.path} (made on first use)"
+                found = found_made
             elif source.kind == "package":
                 assert source.package is not None and source.file is not None
                 found, assemble = package_file(source.package, source.file, what=what)
@@ -148,7 +174,7 @@ def source_status(pair: Pair) -> str:
         target = _status_model(pair.target, pair, "target", needs, in_hf, later)
         if pair.draft.kind == "derive":
             derive_later = (
-                target is None or not derived_path(target, pair.draft.quant or "").exists()
+                target is None or not derived_path(target, pair.draft.derive_tag).exists()
             )
         elif pair.draft.kind != "lookup":
             _status_model(pair.draft, pair, "draft", needs, in_hf, later)

@@ -16,6 +16,7 @@ from ...engine.llama import LLAMA_CPP_VERSION
 from ...engine.loop.events import GenerationResult
 from ...engine.sampling import SamplingParams
 from ...errors import InvalidParameterError
+from ...models.synthetic import SYNTHETIC_KEY
 from ...policy import AutoState
 from ...policy.calibration import cpu_model
 from ...policy.cpumeter import CpuMeter, loadavg
@@ -97,7 +98,7 @@ class _Bench:
 
     def settings(self, warmup: bool) -> dict[str, Any]:
         d, s = self.decoder, self.sampling
-        return {
+        settings: dict[str, Any] = {
             "target": str(d.target.path),
             "draft": str(d.draft.path) if d.draft is not None else None,
             "threads": d.target.n_threads,
@@ -113,6 +114,10 @@ class _Bench:
             "carry": self.carry,
             "chat_template": not self.raw and bool(d.target.chat_template()),
         }
+        synthetic = d.target.meta(SYNTHETIC_KEY)
+        if synthetic:  # the target's own sentence: its costs are real, its text meaningless
+            settings["synthetic"] = synthetic
+        return settings
 
 
 def run_bench(

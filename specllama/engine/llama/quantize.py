@@ -15,9 +15,11 @@ QUANT_TYPES: dict[str, int] = {
     "F32": lc.LLAMA_FTYPE_ALL_F32,  # the bandwidth-bound stand-in for a big target (bench/)
     "F16": lc.LLAMA_FTYPE_MOSTLY_F16,
     "Q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q6_K": lc.LLAMA_FTYPE_MOSTLY_Q6_K,
     "Q5_1": lc.LLAMA_FTYPE_MOSTLY_Q5_1,
     "Q5_0": lc.LLAMA_FTYPE_MOSTLY_Q5_0,
     "Q4_1": lc.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q4_K_M": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M,  # what laptop models ship as (synthetic targets)
     "Q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0,
     "IQ4_NL": lc.LLAMA_FTYPE_MOSTLY_IQ4_NL,
 }

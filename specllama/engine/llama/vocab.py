@@ -115,6 +115,19 @@ class Vocabulary:
         """A byte-fallback token (SentencePiece's '<0x0A>')."""
         return bool(int(lc.llama_vocab_get_attr(self._vocab, token)) & lc.LLAMA_TOKEN_ATTR_BYTE)
 
+    def meta(self, key: str) -> str | None:
+        """The file's metadata value of ``key`` as text (None when it has none): e.g.
+        ``specllama.synthetic``, the sentence a synthetic model says of itself."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = int(lc.llama_model_meta_val_str(self._model, key.encode(), buf, size))
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1  # the value's length: ask again with room for all of it
+
     def chat_template(self) -> str | None:
         raw = lc.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
