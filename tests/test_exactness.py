@@ -7,6 +7,7 @@ acceptance rule, which shows it has the power to catch a bug.
 """
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -165,7 +166,8 @@ def exact_joint(model: Model, prompt: list[int], params: SamplingParams, n: int)
 
 
 def empirical_joint(dec, prompt, params: SamplingParams, n: int, runs: int,
-                    spliced: list[int] | None = None, generate: int = 0, **kwargs):
+                    spliced: list[int] | None = None, generate: int = 0,
+                    ahead: list[int] | None = None, **kwargs):
     """Counts of the first n tokens over `runs` seeds, and the summed stats (`spliced`,
     when given, sums tokens spliced into model drafts and those accepted). `generate`:
     generate that many tokens (n at least) and count the first n, so that the last
@@ -185,6 +187,9 @@ def empirical_joint(dec, prompt, params: SamplingParams, n: int, runs: int,
         if spliced is not None:
             spliced[0] += res.stats.spliced
             spliced[1] += res.stats.spliced_accepted
+        if ahead is not None:
+            ahead[0] += res.stats.ahead
+            ahead[1] += res.stats.ahead_accepted
     return counts, drafted_at, accepted_at
 
 
@@ -759,3 +764,72 @@ def test_a_prompt_left_to_the_draft_model_keeps_the_target_distribution(chain_se
     assert drafted_at[2] > CHAIN_RUNS // 4, drafted_at
     pvalue = goodness_of_fit(counts, exact)
     assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
+
+
+# ------------------------------------------ drafts drawn ahead, on other threads
+
+
+#: Each run starts and stops the drafting thread a few times: fewer runs than a chain's.
+AHEAD_RUNS = 2000
+
+
+@pytest.fixture
+def ahead_setup(chain_setup, monkeypatch):
+    """The chain pair with the draft model drafting ahead on a thread of its own while
+    the target verifies (drafting/ahead.py), put back to taking turns afterwards. The
+    target's decode is slowed to several of the draft's steps, as a laptop-class
+    target's is, so that tokens are drawn ahead however busy the machine is."""
+    dec, probe, prompt = chain_setup
+    decode = dec.target.decode
+
+    def slow(tokens, logits="last"):
+        decode(tokens, logits)
+        time.sleep(0.0003)
+
+    monkeypatch.setattr(dec.target, "decode", slow)
+    dec.set_threads(2, 1)
+    yield dec, probe, prompt
+    dec.set_threads(1, 0)
+
+
+def test_drafts_drawn_ahead_follow_the_target_distribution(ahead_setup):
+    """With one token drafted a round, the second round's draft is the one drawn ahead
+    whenever the first was accepted and the target's own token was the one drawn next:
+    the joint law of 4 tokens must not move."""
+    dec, probe, prompt = ahead_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    ahead = [0, 0]
+    counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, AHEAD_RUNS, generate=8,
+                                   ahead=ahead, draft_max=1, drafters="model")
+    assert ahead[0] > AHEAD_RUNS // 2 and 0 < ahead[1] < ahead[0], ahead
+    pvalue = goodness_of_fit(counts, exact)
+    assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
+
+
+def test_the_ahead_test_rejects_a_draw_that_is_not_from_q(ahead_setup, monkeypatch):
+    """The wrong rule: tokens drawn ahead greedily, verified as if drawn from q."""
+    import specllama.engine.drafting.ahead as ahead_module
+
+    dec, probe, prompt = ahead_setup
+    params = CHAIN_CASES["model drafts, top-k 3"][1]
+    exact = exact_joint(probe, prompt, params, CHAIN_TOKENS)
+    monkeypatch.setattr(ahead_module, "sample", lambda q, rng: int(np.argmax(q)))
+    counts, _, _ = empirical_joint(dec, prompt, params, CHAIN_TOKENS, AHEAD_RUNS, generate=8,
+                                   draft_max=1, drafters="model")
+    for key in counts:
+        exact.setdefault(key, 1e-12)
+    assert goodness_of_fit(counts, exact) < 1e-6
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_drafts_drawn_ahead_equal_the_target_alone(ahead_setup, k):
+    dec, _, prompt = ahead_setup
+    greedy = SamplingParams(temperature=0.0)
+    alone = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=0)
+    spec = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=k, drafters="model")
+    assert spec.tokens == alone.tokens
+    assert spec.stats.ahead > 0  # drafts drawn ahead were proposed
+    history = prompt + spec.tokens
+    assert dec.target.cached == history[:-1]
+    assert dec.drafter.cached == history[: len(dec.drafter.cached)]  # nothing left ahead

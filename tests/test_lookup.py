@@ -227,6 +227,9 @@ class FakeModel:
     def accept(self, committed, alone_p=None):
         self.accepted += 1
 
+    def end(self, committed):
+        pass
+
 
 def test_the_chain_asks_lookup_first_and_falls_back_to_the_model():
     model = FakeModel()

@@ -18,11 +18,10 @@ import click
 from rich.console import Console
 
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafting.chain import DEFAULT_DRAFTERS, check_drafters
+from ..engine.drafting.chain import DEFAULT_DRAFTERS, NEED_MODEL, check_drafters
 from ..engine.drafting.corpus import read_corpus
 from ..engine.drafting.draftcache import tokenizer_fingerprint
 from ..engine.settings import (
-    DRAFT_MAX_WORDS,
     LIVE_SETTINGS,
     SETTINGS,
     Overrides,
@@ -37,23 +36,29 @@ from ..models.synthetic import SYNTHETIC_KEY
 from ..paths import cache_dir
 from ..policy import AutoState
 from ..policy.cpumeter import MIN_WALL_S, CpuMeter, cores, threads_for
+from ..policy.split import Split
+from ..policy.split import for_decoder as split_for
 from .ui import spinner
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class DraftMaxType(click.ParamType):
-    """An integer 0..64, or 'auto' (cost-aware) or 'heuristic'."""
+class IntOrWord(click.ParamType):
+    """An integer, or one of a setting's words ('auto', ...); the table checks the range."""
 
     name = "N|auto"
 
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self.words = words
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int) or value in DRAFT_MAX_WORDS:
+        if isinstance(value, int) or value in self.words:
             return value
         try:
             return int(value)
         except (TypeError, ValueError):
-            self.fail(f"expected an integer, 'auto' or 'heuristic', got {value!r}", param, ctx)
+            said = ", ".join(f"'{w}'" for w in self.words)
+            self.fail(f"expected an integer or {said}, got {value!r}", param, ctx)
 
 
 def setting_option(name: str) -> Callable[[F], F]:
@@ -69,8 +74,8 @@ def setting_option(name: str) -> Callable[[F], F]:
     if s.type is bool:  # None when absent, like every other setting's flag
         return click.option(s.flag, name, is_flag=True, flag_value=True, default=None,
                             help=s.help)
-    if name == "draft_max":
-        kind = DraftMaxType()
+    if s.type is int and s.words:
+        kind = IntOrWord(s.words)
     elif s.type is str:
         kind = click.Choice(s.words)
     shown = "" if s.default is None else f" [default {s.default}]"
@@ -281,7 +286,10 @@ def open_decoder(run: RunOptions, console: Console, *,
             _choose_threads(decoder, meter, t0, console)
         if calibrate:  # here rather than at the first round: the time shows as loading
             measure_costs(decoder, merged.draft_max, run.recalibrate, say)
+            split = _split(decoder, merged, drafters, say)
         attach_cache(decoder, merged, say, console)
+    if calibrate and split is not None:
+        console.print(f"[dim]{split.describe()}[/dim]")
     synthetic = decoder.target.meta(SYNTHETIC_KEY)
     if synthetic:  # whatever is timed or read from this run, it is not a real model's
         console.print(f"note: synthetic model, {synthetic}", markup=False, highlight=False)
@@ -291,12 +299,29 @@ def open_decoder(run: RunOptions, console: Console, *,
                       f"{merged.n_ctx}: llama.cpp rounds it up to what it supports")
     resolved: dict[str, Any] = {f.name: getattr(merged, f.name) for f in fields(merged)}
     # What was loaded: the context llama.cpp gave, the threads chosen, the servers used.
-    resolved.update(drafters=drafters, n_ctx=decoder.n_ctx,
-                    threads=decoder.target.n_threads, rpc=rpc)
+    resolved.update(drafters=drafters, n_ctx=decoder.n_ctx, threads=decoder.threads,
+                    draft_threads=decoder.draft_threads, rpc=rpc)
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
                            target=str(choice.target), draft=choice.draft_label,
                            synthetic=synthetic)
     return decoder, settings
+
+
+def _split(decoder: SpeculativeDecoder, merged: Settings, drafters: tuple[str, ...],
+           say: Callable[[str], None]) -> Split | None:
+    """--draft-threads: a number applied as it is, "auto" measured (only where the draft
+    model drafts, with auto's costs to weigh it with)."""
+    if decoder.draft is None or not NEED_MODEL & set(drafters):
+        if merged.draft_threads not in ("auto", 0):
+            raise InvalidParameterError("--draft-threads needs the draft model among the "
+                                        f"drafters, not {','.join(drafters)}")
+        return None
+    if merged.draft_threads == "auto" and merged.draft_max != "auto":
+        return None  # (nothing measured to weigh it with: take turns)
+    if isinstance(merged.draft_threads, int) and merged.draft_threads >= decoder.threads:
+        raise InvalidParameterError(f"--draft-threads must be fewer than the "
+                                    f"{decoder.threads} threads in all")
+    return split_for(decoder, merged.draft_threads, say)
 
 
 def attach_cache(decoder: SpeculativeDecoder, merged: Settings, say: Callable[[str], None],
@@ -347,10 +372,8 @@ def _choose_threads(decoder: SpeculativeDecoder, meter: CpuMeter, t0: float,
     busy = meter.stop()
     n_cores = cores()
     n = threads_for(busy, n_cores)
-    if n != decoder.target.n_threads:
-        for model in (decoder.target, decoder.draft):
-            if model is not None:
-                model.set_threads(n)
+    if n != decoder.threads:
+        decoder.set_threads(n)
     if busy is not None and n < n_cores:
         console.print(f"note: other processes are using {busy:.0%} of the CPU, so this runs "
                       f"on {n} thread{'s' if n > 1 else ''} of {n_cores} (--threads N to choose)")

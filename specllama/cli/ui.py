@@ -116,6 +116,9 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
             for origin, n in stats.origin_drafted.items()) + " accepted"
             + (f" ({stats.spliced_accepted}/{stats.spliced} inside model drafts, following "
                "earlier replies)" if stats.spliced else ""))
+    if stats.ahead:
+        table.add_row("drafted ahead", f"{stats.ahead_accepted}/{stats.ahead} accepted (drawn "
+                      "while the target verified the round before)")
     if stats.forced or stats.mask_s:
         share = stats.mask_s / (stats.generate_s or 1.0)
         table.add_row("constraint", f"{stats.forced_accepted}/{stats.forced} forced tokens "

@@ -38,6 +38,8 @@ DEFAULT_P_MIN: float = default("p_min")
 
 #: Who drafts: names in order ("lookup,model"), a shorthand ("hybrid"), or () for nobody.
 DraftersArg = str | Sequence[str]
+#: Tokens the draft model draws ahead at most while the target verifies one batch.
+AHEAD_MAX = 16
 
 
 class SpeculativeDecoder:
@@ -76,6 +78,10 @@ class SpeculativeDecoder:
         self.draft = draft
         self.p_min: float = validate_setting("p_min", p_min)
         self.default_drafters: Drafters = default_drafters
+        #: Threads of each model: `threads` in all; with `draft_threads` > 0 the draft
+        #: model drafts ahead on that many while the target verifies on the rest.
+        self.threads = target.n_threads
+        self.draft_threads = 0
         # What draft-length policies keep across calls (auto: the measured costs).
         self.policy_state: dict[str, object] = {}
         # What lookups copy from beyond the context: earlier calls' outputs, a corpus.
@@ -245,7 +251,23 @@ class SpeculativeDecoder:
         # A cross-vocabulary draft's rows are not the target's positions: no shadow.
         return build_chain(names, model=self.drafter, p_min=self.p_min,
                            ends=self.target.is_eog, shadow=not self.cross_vocab,
-                           archives=archives, constraint=constraint)
+                           archives=archives, constraint=constraint,
+                           ahead=AHEAD_MAX if self.draft_threads else 0,
+                           ahead_threads=self.draft_threads)
+
+    def set_threads(self, threads: int, draft_threads: int = 0) -> None:
+        """Decode on `threads` threads in all. draft_threads > 0: the draft model drafts
+        ahead on that many while the target verifies on the others (both at once), and in
+        turn on all of them; 0: the models take turns, each on all of them."""
+        if not (threads >= 1 and 0 <= draft_threads < threads) or \
+                (draft_threads and self.draft is None):
+            raise InvalidParameterError(
+                f"draft threads must be fewer than the {threads} threads in all, and need "
+                f"a draft model; got {draft_threads}")
+        self.threads, self.draft_threads = threads, draft_threads
+        self.target.set_threads(threads - draft_threads)
+        if self.draft is not None:
+            self.draft.set_threads(threads)
 
     def draft_prompt_for(self, messages: list[dict[str, str]]) -> list[int] | None:
         """The draft's own chat-template rendering of a conversation (role/content

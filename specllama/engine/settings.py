@@ -105,6 +105,12 @@ def _check_draft_max(value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+def _check_draft_threads(value: Any) -> tuple[Any, str | None]:
+    if value == "auto" or (is_int(value) and value >= 0):
+        return value, None
+    return value, f"must be 'auto' or an integer >= 0, {got(value)}"
+
+
 def _check_rpc(value: Any) -> tuple[Any, str | None]:
     if isinstance(value, str):
         value = (value,)
@@ -223,6 +229,11 @@ class Settings:
     cross_vocab: bool = _row(False, bool, "Let a draft model with another tokenizer draft, "
                              "through the tokens both vocabularies spell alike (exact).",
                              _check_bool, at_load=True)
+    draft_threads: int | str = _row(
+        "auto", int, "Threads the draft model drafts ahead on while the target verifies on "
+        "the others (0: the models take turns, each on every thread; 'auto': measured, 0 "
+        "where drafting ahead would not pay, as on 2 cores).", _check_draft_threads,
+        at_load=True, words=("auto",))
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)

@@ -138,8 +138,8 @@ class LoopCosts:
         when it read a row and drew nothing from it)."""
         tune = self.tuning
         rows = outcome.work.rows or outcome.k
-        if outcome.source != "model" or rows <= 0:
-            return
+        if outcome.source != "model" or rows <= 0 or outcome.work.ahead:
+            return  # (a draft drawn ahead cost this round no draft step)
         if rows > 1 and outcome.work.steps_s > 0:
             step, seen = outcome.work.steps_s / (rows - 1), self.draft_step
             if self.loop_draft_step is None:

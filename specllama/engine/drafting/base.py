@@ -8,7 +8,9 @@ llama.cpp's `common/speculative.cpp`, each source has three verbs:
   distribution q it was really drawn from (None: all mass on it, a deterministic
   proposal), which is what keeps the acceptance rule exact;
 - `accept(committed, alone_p)`: the round is over; keep whatever state agrees with the
-  committed text and drop the rest.
+  committed text and drop the rest;
+- `end(committed)`: the generation is over (finished, closed, interrupted): stop any
+  work in flight and leave every cache a prefix of the text.
 
 `DraftChain` (chain.py) asks its drafters in order; the round loop knows only the chain.
 """
@@ -75,6 +77,9 @@ class ModelWork:
     #: First-draft acceptance it showed, catching up, on tokens the target drew alone
     #: (`sampling.first_draft_acceptance`): what paused rounds teach.
     shadow: tuple[float, ...] = ()
+    #: Tokens of the draft it drew ahead, while the target verified the last round
+    #: (drafting/ahead.py): they cost this round no draft step.
+    ahead: int = 0
 
 
 #: What a round without a draft model's work carries (compared by identity: per round).
@@ -182,4 +187,9 @@ class Drafter(Protocol):
     def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
         """The round is over and `committed` is the text; `alone_p`: where the round
         drafted nothing, p of the token the target drew alone (its last)."""
+        ...
+
+    def end(self, committed: Sequence[int]) -> None:
+        """The generation is over, however it ended: work in flight stops and every
+        cache is cut back to a prefix of committed[:-1]."""
         ...

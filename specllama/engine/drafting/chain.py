@@ -117,12 +117,19 @@ class DraftChain:
         for d in self._all:
             d.accept(committed, alone_p)
 
+    def end(self, committed: Sequence[int]) -> None:
+        for d in self._all:
+            d.end(committed)
+
 
 def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
                 ends: Callable[[int], bool], shadow: bool, archives: Archives,
-                constraint: Constraint | None = None) -> DraftChain:
+                constraint: Constraint | None = None, ahead: int = 0,
+                ahead_threads: int = 0) -> DraftChain:
     """The chain of `names` (checked: `check_drafters`) over the pair's draft model (None:
-    none loaded) and what lookups may copy from; `constraint`: its forced tokens first."""
+    none loaded) and what lookups may copy from; `constraint`: its forced tokens first;
+    `ahead`: the draft model drafts that many tokens ahead, on `ahead_threads` threads,
+    while the target verifies."""
     names = check_drafters(names, model is not None) if names else ()
     lookup = LookupDrafter(archives=archives) if {"lookup", "lookup>model"} & set(names) \
         else None
@@ -139,7 +146,8 @@ def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
             raise InvalidParameterError("drafters lookup>model need a draft model that "
                                         "shares the target's tokenizer")
         drafter = ModelDrafter(model, p_min, ends=ends, shadow=shadow, feeder=lookup,
-                               feed="verify" if verify else "splice")
+                               feed="verify" if verify else "splice", ahead=ahead,
+                               ahead_threads=ahead_threads)
         if lookup is not None and not verify:
             lookup.feeds = drafter
         drafters.append(drafter)

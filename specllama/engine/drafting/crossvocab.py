@@ -83,6 +83,13 @@ class CrossVocabDraft:
     def can_draft(self) -> bool:
         return self.lost is None
 
+    def set_threads(self, n_threads: int) -> None:
+        self.model.set_threads(n_threads)
+
+    @property
+    def n_threads(self) -> int:
+        return self.model.n_threads
+
     def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
         if not tokens:
             return

@@ -31,3 +31,6 @@ class ForcedDrafter:
 
     def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
         pass  # the round loop settles the constraint itself: it masks the target's rows
+
+    def end(self, committed: Sequence[int]) -> None:
+        pass

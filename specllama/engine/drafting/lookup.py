@@ -123,6 +123,9 @@ class LookupDrafter:
     def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
         self.index.sync(committed)
 
+    def end(self, committed: Sequence[int]) -> None:
+        pass  # nothing in flight; the next call's index syncs to its own text
+
     # ------------------------------------------------------------ the search
     def _search(self, committed: Sequence[int]) -> _Found:
         """The search for `committed`, cached for its length."""

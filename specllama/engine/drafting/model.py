@@ -37,6 +37,7 @@ from ..sampling import (
     probabilities,
     sample,
 )
+from .ahead import Ahead, AheadWorker
 from .base import Ask, Draft, DraftStep, ModelWork, Origin, Start, always_more
 
 #: At most this many rows of a catch-up are read for the shadow (each row read costs the
@@ -129,10 +130,12 @@ class ModelDrafter:
     def __init__(self, model: DraftModel, p_min: float = 0.0, *,
                  ends: Callable[[int], bool] = lambda token: False, shadow: bool = True,
                  feeder: Feeder | None = None, feed: Feed = "splice",
-                 idle: bool = False) -> None:
+                 idle: bool = False, ahead: int = 0, ahead_threads: int = 0) -> None:
         """ends: the target's end of generation; shadow: read rows where the target drew
         alone (not across tokenizers: the draft's rows are not the target's positions);
-        idle: never draft, only keep the cache a prefix of the text."""
+        idle: never draft, only keep the cache a prefix of the text; ahead: draft up to
+        that many tokens ahead while the target verifies (drafting/ahead.py; 0: never), on
+        `ahead_threads` of the model's threads (its others are the target's then)."""
         self.model, self.p_min, self.ends = model, p_min, ends
         self.feeder, self.feed, self.idle = feeder, feed, idle
         self.name = "lookup>model" if feeder is not None and feed == "verify" else "model"
@@ -143,10 +146,18 @@ class ModelDrafter:
         self._shadow = False
         self._committed = 0
         self._dirty = True  # it decoded since its cache was last cut to the text
+        self.ahead, self.ahead_threads = ahead, ahead_threads
+        self._worker: AheadWorker | None = None  # made on first use
+        self._threads = 0  # the model's threads when drafting in turn
+        self._ahead_on = False  # the worker has a job
+        self._after: list[int] = []  # the text the worker's tokens continue
+        self._pre: Ahead | None = None  # drawn ahead, continuing the text: the next draft
+        self.hidden_s = 0.0  # decode time behind the target's (not a draft step's)
 
     @property
     def decode_s(self) -> float:
-        return self.model.decode_s
+        """Decode time spent drafting in turn (what drafting ahead hid is not counted)."""
+        return self.model.decode_s - self.hidden_s
 
     @property
     def behind(self) -> int:
@@ -170,15 +181,32 @@ class ModelDrafter:
         if self._shadow and alone_p is not None:
             self.target_p[len(committed) - 1] = alone_p
         self._committed = len(committed)
-        if self._dirty:  # else its cache is a prefix of the text already
+        self._pre = self._kept(committed, self._stop_ahead())
+        if self._pre is None and self._dirty:  # else the cache is a prefix of the text
             self.model.sync_to(list(committed[:-1]))
             self._dirty = False
+
+    def end(self, committed: Sequence[int]) -> None:
+        self._stop_ahead()
+        if self._worker is not None:  # a thread a generation, not a thread a process
+            self._worker.close()
+            self._worker = None
+        self._pre = None
+        self._committed = len(committed)
+        self.model.sync_to(list(committed[:-1]))
+        self._dirty = False
 
     def draft(self, ask: Ask) -> Draft:
         k = 0 if self.idle else ask.choose("model")
         if k <= 0:
             self.drafting = False
             return Draft()
+        draft = self._from_ahead(ask, k) or self._drawn(ask, k)
+        self._start_ahead(ask, draft)
+        return draft
+
+    def _drawn(self, ask: Ask, k: int) -> Draft:
+        """Up to k tokens drawn now, one draft step each."""
         context = list(ask.context)
         self._dirty = True
         kept = self._keep(context)
@@ -240,6 +268,68 @@ class ModelDrafter:
                     break
             else:
                 pending = run.next(m.logits_row(len(guess) if guess else -1))
+
+    # ---------------------------------------------------------------- drafting ahead
+    def _start_ahead(self, ask: Ask, draft: Draft) -> None:
+        """While the target verifies `draft`, draw what follows it on the model's threads
+        (not under a constraint: its matcher follows the round loop's text)."""
+        if not self.ahead or not draft.tokens or ask.constraint is not None \
+                or self.ends(draft.tokens[-1]):
+            return
+        before = len(ask.context) + len(draft.tokens) - 1
+        self.model.truncate(before)  # (a fed draft may hold guesses past its end)
+        if len(self.model.cached) != before:
+            return  # the cache does not hold the text before the draft's last token
+        self._after = [*ask.context, *draft.tokens]
+        rng = np.random.default_rng(int(ask.rng.integers(2**63)))  # the worker's own
+        if self._worker is None:
+            self._worker = AheadWorker(self.model, p_min=self.p_min, ends=self.ends)
+        # In turn it drafts on every thread; ahead, beside the target, on its own few.
+        self._threads = self.model.n_threads
+        self.model.set_threads(self.ahead_threads or self._threads)
+        self._worker.start(draft.tokens[-1], ask.params, rng, self.ahead)
+        self._ahead_on = True
+
+    def _stop_ahead(self) -> Ahead | None:
+        if not self._ahead_on or self._worker is None:
+            return None
+        self._ahead_on = False
+        done = self._worker.stop()
+        self.model.set_threads(self._threads)
+        self.hidden_s += done.seconds
+        if done.error is not None:
+            raise done.error
+        return done
+
+    def _kept(self, committed: Sequence[int], done: Ahead | None) -> Ahead | None:
+        """What was drawn ahead and continues `committed`: every draft accepted and the
+        target's own token the first one drawn ahead. The cache then holds the text and
+        those tokens (the last pending)."""
+        if done is None or len(done.tokens) < 2 or len(committed) != len(self._after) + 1 \
+                or committed[-1] != done.tokens[0] or list(committed[:-1]) != self._after:
+            return None
+        return Ahead(done.tokens[1:], done.qs[1:], done.sure[1:], done.pending)
+
+    def _from_ahead(self, ask: Ask, k: int) -> Draft | None:
+        """The tokens drawn ahead that open this draft, as far as the policy takes them
+        at their confidence; the rest are dropped from the cache."""
+        pre, self._pre = self._pre, None
+        if pre is None or len(ask.context) != self._committed:
+            return None
+        take = 0
+        for j, sure in enumerate(pre.sure[:k]):
+            step = ask.lengths.extend(j, sure)
+            if step == "stop":
+                break
+            take += 1
+            if step == "last":
+                break
+        if take == 0:
+            return None
+        draft = Draft(confidences=pre.sure[:take], work=ModelWork(ahead=take))
+        draft.add(pre.tokens[:take], pre.qs[:take], "model")
+        self.drafting = True
+        return draft
 
     # ---------------------------------------------------------------- the cache
     def _keep(self, context: list[int]) -> int:

@@ -259,7 +259,7 @@ class Generation:
         """However the call ended (early close, Ctrl-C, an error), every cache ends as a
         prefix of committed[:-1], so the next call is correct."""
         self.target.sync_to(self.committed[:-1])
-        self.chain.accept(self.committed)
+        self.chain.end(self.committed)
         s = self.stats
         s.generate_s = time.perf_counter() - start.wall
         s.target_s = self.target.decode_s - start.target_s

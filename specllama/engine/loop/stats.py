@@ -29,6 +29,9 @@ class Stats:
     # Of those, tokens spliced into model drafts from earlier replies the text follows.
     spliced: int = 0
     spliced_accepted: int = 0
+    # Model drafts drawn ahead, while the target verified the round before, and accepted.
+    ahead: int = 0
+    ahead_accepted: int = 0
     # At draft position i+1: drafts proposed, reached (every earlier draft accepted),
     # and accepted. accepted_at / reached_at is the conditional acceptance rate there.
     drafted_at: list[int] = field(default_factory=list)
@@ -73,6 +76,9 @@ class Stats:
             if r.source == "model":  # copied into a model's draft from earlier replies
                 self.spliced += 1
                 self.spliced_accepted += took
+        if r.work.ahead:
+            self.ahead += r.work.ahead
+            self.ahead_accepted += min(r.work.ahead, m)
         self.tokens += r.emitted
         self._grow(k)
         for i in range(k):
@@ -138,6 +144,7 @@ class Stats:
         """Add another generation's counts (session totals in the REPL)."""
         for name in ("prompt_tokens", "prompt_reused", "tokens", "target_steps", "drafted",
                      "accepted", "forced", "forced_accepted", "spliced", "spliced_accepted",
+                     "ahead", "ahead_accepted",
                      "mask_s", "prompt_s",
                      "generate_s", "draft_s", "target_s", "rounds_s", "plain_rounds",
                      "plain_own_s"):
