@@ -1,13 +1,18 @@
 """Simulated greedy generations on the F32 pair's measured costs: what the auto policy
 is tested on (tests/test_policy.py) and what bench/ablation.py switches mechanisms
-off in. No model is loaded: each token says whether the draft's guess there is the
+off in; bench/laptop.py gives them other machines' costs (`Machine`), drafting in turn
+or ahead. No model is loaded: each token says whether the draft's guess there is the
 target's and how sure the draft model was."""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from specllama.engine.decoder import AHEAD_MAX
 from specllama.engine.drafting.base import ModelWork, Source
 from specllama.engine.loop.events import RoundVerified
 from specllama.policy import AutoDraftLength, AutoState, AutoTuning, FixedDraftLength
@@ -41,53 +46,104 @@ def model_draft(policy, k: int, confidences) -> tuple[int, int]:
     return drafted, rows
 
 
-def simulate(policy, text: Text, loop_ms=F32_LOOP_MS, step_ms=F32_STEP_MS, seed=0,
-             spikes: float = 0.0) -> float:
+@dataclass(frozen=True)
+class Machine:
+    """What a simulated round loop's decodes cost, in ms: the target's T(n), n = 1..16, as
+    the loop meets them; a draft step drawn in turn; a round's first step's extra (w_d);
+    a catch-up, per token the draft model missed; and the target alone's T(1), what the
+    speedup is over (None: T(1) of loop_ms). ahead_step_ms > 0: the draft model draws
+    ahead on threads of its own while the target verifies (engine/drafting/ahead.py),
+    one token each ahead_step_ms, at most ahead_max (the first a guess of the target's
+    own token); ahead_wait: the round waits for the ahead step in flight, as the engine
+    does (else it counts only the steps that fit in the target's decode)."""
+
+    loop_ms: Sequence[float] = tuple(F32_LOOP_MS)
+    step_ms: float = F32_STEP_MS
+    wake_ms: float = F32_WAKE_MS
+    catch_up_ms: float = F32_CATCH_UP_MS
+    alone_ms: float | None = None
+    ahead_step_ms: float = 0.0
+    ahead_max: int = AHEAD_MAX
+    ahead_wait: bool = False
+
+    def drawn_ahead(self, verify_s: float) -> tuple[int, float]:
+        """While the target verifies for verify_s: the tokens drawn ahead after the
+        first (what the next draft may open with), and the seconds the round then waits
+        for the step in flight."""
+        step_s = self.ahead_step_ms * 1e-3
+        fit = verify_s / step_s
+        steps = min(self.ahead_max, math.ceil(fit) if self.ahead_wait else math.floor(fit))
+        wait = max(0.0, steps * step_s - verify_s)
+        return max(0, steps - 1), wait
+
+
+F32 = Machine()
+
+
+def simulate(policy, text: Text, machine: Machine = F32, seed=0, spikes: float = 0.0) -> float:
     """Greedy generation of len(text) tokens; text[i] = (the draft's token at position i is
     the target's, the draft model's confidence there), what teacher forcing measures; the
-    loop's costs with their noise. `spikes`: the share of decodes another process slows
-    tenfold (a machine that is not idle). Returns the speedup over the target alone."""
+    loop's costs (`machine`: by default the F32 pair's) with their noise. `spikes`: the
+    share of decodes another process slows tenfold (a machine that is not idle). Drafting
+    ahead (machine.ahead_step_ms), a round opens with the tokens drawn ahead where the
+    round before accepted every draft and the draft's next guess was the target's own
+    token: no draft step then, ModelWork(ahead=k). Returns the speedup over the target
+    alone."""
     rng = random.Random(seed)
 
     def ms(x: float) -> float:
         slow = 10.0 if spikes and rng.random() < spikes else 1.0
         return x * 1e-3 * rng.lognormvariate(0, 0.08) * slow
-    i, behind, total, paused = 0, 0, 0.0, []
+    mc = machine
+    i, behind, total, paused, drawn = 0, 0, 0.0, [], 0
     n = len(text)
     while i < n:
         k = min(policy.choose("model"), n - i - 1)
-        k, rows = model_draft(policy, k, [c for _, c in text[i : i + k]])
+        ahead = min(k, drawn)  # the draft opens with tokens drawn ahead (no draft step)
+        k, rows = model_draft(policy, ahead or k, [c for _, c in text[i : i + k]])
+        if ahead:
+            ahead, rows = k, 0
         m = 0
         while m < k and text[i + m][0]:
             m += 1
-        target_s, draft_s, steps_s, shadow, caught_up = ms(loop_ms[k]), 0.0, 0.0, (), 0
+        target_s, draft_s, steps_s, shadow, caught_up = ms(mc.loop_ms[k]), 0.0, 0.0, (), 0
         if rows > 0:
             caught_up = behind
-            first = step_ms + F32_WAKE_MS + (F32_CATCH_UP_MS * behind if behind > 1 else 0)
-            steps_s = ms((rows - 1) * step_ms)
+            first = mc.step_ms + mc.wake_ms + (mc.catch_up_ms * behind if behind > 1 else 0)
+            steps_s = ms((rows - 1) * mc.step_ms)
             draft_s = ms(first) + steps_s
             if behind > 1:
                 shadow = tuple(float(text[p][0]) for p in paused[-64:])
+            paused, behind = [], int(m == k)
+        elif ahead:
             paused, behind = [], int(m == k)
         else:
             paused.append(i)
             behind += 1
         seconds = target_s + draft_s + (0.4 + 0.5 * k) * 1e-3
+        drawn = 0
+        if mc.ahead_step_ms > 0 and k > 0:
+            drawn, wait = mc.drawn_ahead(target_s)
+            seconds += wait
+            if not (m == k and i + k < n and text[i + k][0]):
+                drawn = 0  # a rejection, or the target's own token was not the guess
         policy.observe(outcome(k, m, "model", target_s, draft_s, seconds, shadow,
-                                    steps_s, behind, caught_up,
-                                    tuple(c for _, c in text[i : i + k]), rows))
+                               steps_s, behind, caught_up,
+                               tuple(c for _, c in text[i : i + k]), rows, ahead=ahead))
         i += m + 1
         total += seconds
-    return n * (loop_ms[0] + 0.4) * 1e-3 * (1 + 9 * spikes) / total
+    alone = mc.loop_ms[0] if mc.alone_ms is None else mc.alone_ms
+    return n * (alone + 0.4) * 1e-3 * (1 + 9 * spikes) / total
 
 
 def outcome(k: int, accepted: int, source: Source = "model", target_s: float = 0.0,
             draft_s: float = 0.0, seconds: float = 0.0, shadow: tuple[float, ...] = (),
             draft_steps_s: float = 0.0, draft_behind: int = 0, draft_caught_up: int = 0,
             confidences: tuple[float, ...] = (), draft_rows: int = 0,
-            forced: int = 0) -> RoundVerified:
+            forced: int = 0, ahead: int = 0) -> RoundVerified:
     """The record of a round a policy sees: k drafts after `forced` forced ones (all
-    accepted), `accepted` of the k accepted, and what it cost."""
+    accepted), `accepted` of the k accepted, and what it cost; `ahead`: drafts drawn
+    ahead, while the target verified the round before."""
     origin = "model" if source == "model" else "context"
     return RoundVerified(
         drafted=(0,) * (forced + k), origins=("forced",) * forced + (origin,) * k,
@@ -95,7 +151,7 @@ def outcome(k: int, accepted: int, source: Source = "model", target_s: float = 0
         kind="plain" if forced + k == 0 else "bonus" if accepted == k else "correction",
         emitted=forced + accepted + 1, p=(), q=(), source=source, draft_s=draft_s,
         target_s=target_s, seconds=seconds, confidences=confidences,
-        work=ModelWork(draft_rows, draft_steps_s, draft_caught_up, shadow),
+        work=ModelWork(draft_rows, draft_steps_s, draft_caught_up, shadow, ahead),
         behind=draft_behind, forced=forced)
 
 
@@ -121,6 +177,7 @@ def auto_speedup(texts: list[Text], tuning: AutoTuning | None = None) -> float:
     return statistics.mean(simulate(f32_auto(tuning), t, seed=s) for s, t in enumerate(texts))
 
 
-def fixed_speedups(texts: list[Text], ks=range(1, 7), spikes: float = 0.0) -> dict[int, float]:
-    return {k: statistics.mean(simulate(FixedDraftLength(k), t, seed=s, spikes=spikes)
+def fixed_speedups(texts: list[Text], ks=range(1, 7), spikes: float = 0.0,
+                   machine: Machine = F32) -> dict[int, float]:
+    return {k: statistics.mean(simulate(FixedDraftLength(k), t, machine, seed=s, spikes=spikes)
                                for s, t in enumerate(texts)) for k in ks}

@@ -34,8 +34,9 @@ class StopRule:
 
     def extend(self, j: int, confidence: float) -> DraftStep:
         """Draw token j if what it adds, the chance it is accepted with all before it,
-        pays for verifying one more token at the rate drafting gives; read the next
-        row if a token of average acceptance there would pay for the draft step too.
+        pays for verifying one more token at the rate drafting gives (alone, or with
+        some further tokens of average acceptance); read the next row if some further
+        tokens of average acceptance would pay for their draft steps too.
         `confidence`: the draft model's top probability, or for a lookup draft its
         share of agreeing occurrences (learnt apart: `AutoState.confidence_of`; see
         `_extend_lookup`).
@@ -53,20 +54,31 @@ class StopRule:
         if j == 0:
             self._reach = 1.0
         costs = self.state.costs("model")
-        t, per_draft = costs.target, costs.overhead_per_draft
-        if j > 0 and self._reach * accept < self._rate * (t[j + 1] - t[j] + per_draft):
+        add = self._reach * accept
+        verify = costs.target[j + 1] - costs.target[j] + costs.overhead_per_draft
+        # On its own or with further tokens: a batch size may cost more than larger ones
+        # (measured curves are not smooth, and a learnt T(n) may be a noisy high one that
+        # a draft stopping before it never measures again).
+        if j > 0 and add < self._rate * verify and not self._pays(j, add, add, verify):
             return "stop"
-        self._reach *= accept
-        # Going on pays if some number of further tokens, each of average acceptance,
-        # is worth its draft steps and verification at that rate.
-        gain, cost, run = 0.0, 0.0, self._reach
+        self._reach = add
+        return "more" if self._pays(j, add) else "last"
+
+    def _pays(self, j: int, run: float, gain: float = 0.0, cost: float = 0.0) -> bool:
+        """Whether some number of tokens after token j, each of the mean acceptance of the
+        rows read lately (`run`: the chance that every token up to j is accepted), pays
+        for its draft steps and verification at the rate drafting gives, on top of `gain`
+        expected tokens that cost `cost` seconds."""
+        known, cap = self.state.confidence, self.state.tuning.stop_rule_cap
+        costs = self.state.costs("model")
+        t, step = costs.target, costs.draft + costs.overhead_per_draft
         for n in range(j + 2, min(costs.k_max, cap) + 1):
             run *= known.next_rate
             gain += run
-            cost += costs.draft + per_draft + t[n] - t[n - 1]
+            cost += step + t[n] - t[n - 1]
             if gain >= self._rate * cost:
-                return "more"
-        return "last"
+                return True
+        return False
 
     def _extend_lookup(self, j: int, share: float) -> DraftStep:
         """A lookup's token j costs no draft step, only one more verified token, and
