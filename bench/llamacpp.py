@@ -104,7 +104,9 @@ def parse_llama_bench(stdout: str) -> dict[str, Any]:
 
 
 def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # (a synthetic model's text is random bytes, not always UTF-8)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                          timeout=timeout)
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     return proc

@@ -51,13 +51,18 @@ def test_a_bandwidth_bound_target_drafts_ahead_where_acceptance_is_high():
 def test_a_round_drawn_ahead_costs_its_verification_and_drafting_only_when_missed():
     serial = in_turn(0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.01)
     c = ahead(8, 2, 0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.01)
-    # k = 2 at acceptance 1: every round finds its draft drawn (3 steps fit in T(3))
-    assert ahead_round_s(c, 2, 1.0, serial) == pytest.approx(0.13)
+    # k = 2 at acceptance 1: every round finds its draft drawn (3 steps fit in T(3)); the
+    # verdict waits for half the draft step in flight
+    assert ahead_round_s(c, 2, 1.0, serial) == pytest.approx(0.13 + 0.005)
     # at acceptance 0, every draft is drawn in turn, on every thread
-    assert ahead_round_s(c, 2, 0.0, serial) == pytest.approx(0.13 + 2 * 0.01)
+    assert ahead_round_s(c, 2, 0.0, serial) == pytest.approx(0.13 + 0.005 + 2 * 0.01)
     # a draft too slow to keep up is reused only as far as it got
     slow = ahead(8, 2, 0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.13 / 1.5)
-    assert ahead_round_s(slow, 2, 1.0, serial) == pytest.approx(0.13 + 0.5 * 2 * 0.01)
+    assert ahead_round_s(slow, 2, 1.0, serial) == pytest.approx(
+        0.13 + 0.13 / 3 + 0.5 * 2 * 0.01)
+    # a draft that draws all it may (16 tokens) before the verdict is not waited for
+    quick = ahead(8, 2, 0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.005)
+    assert ahead_round_s(quick, 2, 1.0, serial) == pytest.approx(0.13)
 
 
 def test_candidates_leave_the_target_most_threads():

@@ -6,8 +6,9 @@ Taking turns, each model decodes on every thread: a round costs
 Drafting ahead, the target verifies on N - n threads while the draft model draws on n
 of its own; where every draft was accepted and the target's own token was the one the
 draft model drew next (chance a^(k+1)), the next round's draft is already drawn:
-    C'(k) = T'_t(k+1) + (1 - pi_k) (k T_d + w_d)
+    C'(k) = T'_t(k+1) + T'_d / 2 + (1 - pi_k) (k T_d + w_d)
     pi_k  = a^(k+1) min(1, T'_t(k+1) / ((k+1) T'_d))   (the draft must keep up)
+(T'_d / 2: the verdict waits, on average, for half the draft step then in flight)
 where T'_t and T'_d are measured with both models decoding at once (they share the
 memory bandwidth as well as the cores); a draft drawn in turn runs on every thread
 (T_d). The better of the two at the acceptance `auto` expects decides, by a margin: on 2
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..engine.decoder import SpeculativeDecoder
+from ..engine.decoder import AHEAD_MAX, SpeculativeDecoder
 from ..engine.llama import Model
 from .calibration import cache_key, cache_root
 from .costs import RoundCosts, expected_tokens
@@ -89,7 +90,9 @@ def ahead_round_s(c: Concurrent, k: int, alpha: float, in_turn: RoundCosts) -> f
     drawn = min(1.0, verify / ((k + 1) * c.draft)) if c.draft > 0 else 1.0
     reuse = alpha ** (k + 1) * drawn
     step = in_turn.draft + in_turn.overhead_per_draft
-    return verify + in_turn.overhead + (1.0 - reuse) * (k * step + in_turn.draft_wake)
+    # the worker stops after the step in flight, unless it drew all it may before
+    wait = c.draft / 2 if AHEAD_MAX * c.draft > verify else 0.0
+    return verify + wait + in_turn.overhead + (1.0 - reuse) * (k * step + in_turn.draft_wake)
 
 
 def best_rate(round_s: Sequence[float], alpha: float) -> float:

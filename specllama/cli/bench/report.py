@@ -59,9 +59,14 @@ def render_tables(report: dict[str, Any]) -> tuple[Table, Table]:
         cells.append(f"{o['tokens_per_s_pooled']:.1f}"
                      + (f" ({g:.2f}x)" if g and name != "target" else ""))
     t.add_row("overall", *cells, style="bold")
+    base = summary["overall"].get("target", {}).get("tokens_per_s_with_prompt")
+    cells = [f"{summary['overall'][n]['tokens_per_s_with_prompt']:.1f}"
+             + (f" ({summary['overall'][n]['tokens_per_s_with_prompt'] / base:.2f}x)"
+                if base and n != "target" else "") for n in modes]
+    t.add_row("with the prompt", *cells)
     t.caption = ("ratio: median over repetitions of mode / target alone in the same "
                  "repetition; overall: all tokens / all time, geometric mean of the ratios; "
-                 "* best fixed k")
+                 "with the prompt: all tokens / all time, the prompt's too; * best fixed k")
 
     m = Table(title="per mode", title_justify="left")
     for col in ("mode", "acceptance", "mean k", "by position", "overhead", "worst ratio"):

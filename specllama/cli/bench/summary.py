@@ -122,9 +122,13 @@ def _overall(rs: Sequence[Run], cells: Sequence[dict[str, Any]]) -> dict[str, An
     vs_t = [c["vs_target"] for c in cells]
     vs_b = [c.get("vs_best_fixed") for c in cells]
     notes = [r["policy_note"] for r in rs if r.get("policy_note")]
+    # what a user waits for: the prompt too (a draft model reads it as well)
+    waited_s = gen_s + sum(r.get("prompt_s", 0.0) for r in rs)
     return {
         "runs": len(rs),
         "tokens_per_s_pooled": sum(r["tokens"] for r in rs) / gen_s if gen_s else 0.0,
+        "tokens_per_s_with_prompt": sum(r["tokens"] for r in rs) / waited_s if waited_s
+        else 0.0,
         "vs_target_geomean": _geomean([x for x in vs_t if x]) if any(vs_t) else None,
         "vs_target_min": min((x for x in vs_t if x is not None), default=None),
         "vs_best_fixed_min": min((x for x in vs_b if x is not None), default=None),
