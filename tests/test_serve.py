@@ -344,6 +344,9 @@ def test_api_key(start):
         assert r.status_code == 401, headers
         assert r.json()["error"]["code"] == "invalid_api_key"
     assert ask(server, "/v1/models", method="GET").status_code == 401
+    assert ask(server, "/metrics", method="GET").status_code == 401
+    assert ask(server, "/metrics", method="GET",
+               headers={"Authorization": "Bearer s3cret"}).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         server.client(api_key="wrong").models.list()
     assert server.client(api_key="s3cret").completions.create(**body).choices[0].text is not None

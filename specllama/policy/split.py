@@ -130,7 +130,7 @@ def measure(target: Model, draft: Model, threads: int, draft_threads: int,
     target.set_threads(threads - draft_threads)
     draft.set_threads(draft_threads)
     steps: list[float] = []
-    stop = threading.Event()
+    stop, drafting = threading.Event(), threading.Event()
 
     def keep_drafting() -> None:
         token = draft.bos if draft.bos >= 0 else 0
@@ -138,11 +138,15 @@ def measure(target: Model, draft: Model, threads: int, draft_threads: int,
             t0 = time.perf_counter()
             draft.decode([token], "last")
             steps.append(time.perf_counter() - t0)
+            drafting.set()
             if len(draft.cached) - base_d >= 32:
                 draft.truncate(base_d)
     worker = threading.Thread(target=keep_drafting, daemon=True)
     worker.start()
     try:
+        # a tiny target finishes before the thread is scheduled: time only once it drafts
+        while worker.is_alive() and not drafting.wait(0.01):
+            pass
         times = [statistics.median(_timed(target, n, base_t) for _ in range(reps))
                  for n in SIZES]
     finally:

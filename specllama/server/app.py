@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import Event, Finished
@@ -87,6 +87,13 @@ class _API:
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ routes
+    @_endpoint
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus' text format (server/metrics.py); behind the key: it shows usage."""
+        self._authorize(request)
+        return PlainTextResponse(self.worker.metrics_text(),
+                                 media_type="text/plain; version=0.0.4")
+
     async def health(self, request: Request) -> Response:
         w = self.worker
         body: dict[str, Any] = {"status": "ok", "model": self.config.model_id}
@@ -296,6 +303,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
     api = _API(worker, config, vocab, log)
     routes = [
         Route("/health", api.health),
+        Route("/metrics", api.metrics),
         Route("/v1/models", api.models),
         Route("/v1/models/{model_id:path}", api.model),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),

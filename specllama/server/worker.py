@@ -26,9 +26,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import Event, Finished, SpecLlamaError, Stats
+from .. import Event, Finished, SpecLlamaError, Stats, TargetToken, TokensAccepted
 from .isolation import EngineLost, EngineProcess
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Evaluated, Failure, Order, Outcome
+from .metrics import Metrics
 from .prompts import Work
 
 # Seconds between attempts to start a lost engine again: doubling up to this.
@@ -84,6 +85,7 @@ class Job:
         self.on_cancel: Callable[[], None] | None = None  # tells the engine, once it runs
         self.submitted = time.perf_counter()
         self.queue_s = 0.0
+        self.first_token_s: float | None = None  # from arrival (streamed requests)
 
     def cancel(self) -> None:
         """Stop at the next round (or never start); safe from any thread, any time."""
@@ -97,6 +99,8 @@ class Job:
 
     def put(self, item: Any) -> None:  # worker thread
         """Hand an event (if the request reads it), a Failure or the end over."""
+        if self.first_token_s is None and isinstance(item, (TokensAccepted, TargetToken)):
+            self.first_token_s = time.perf_counter() - self.submitted
         if item is not _END and not isinstance(item, (Failure, *self._wanted)):
             return
         self._pending.append(item)
@@ -181,6 +185,7 @@ class Worker:
         self.draft_max = draft_max
         self.drafters = drafters
         self.totals = Totals()
+        self.metrics = Metrics()
         self._log = log or (lambda _: None)
         self.max_waiting = max_waiting
         self._jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by submit()
@@ -224,6 +229,17 @@ class Worker:
             self._in_flight += 1
             self._jobs.put(job)
         return job
+
+    def metrics_text(self) -> str:
+        """/metrics: the counters as they stand, in Prometheus' text format."""
+        with self._lock:
+            t = self.totals
+            requests = {"completed": t.completed, "cancelled": t.cancelled,
+                        "failed": t.failed, "rejected": t.rejected}
+            restarts, stats = t.engine_restarts, Stats()
+            stats.merge(t.stats)
+        return self.metrics.render(requests=requests, restarts=restarts, stats=stats,
+                                   waiting=self.waiting, busy=self.busy, cache=self.cache)
 
     def _retry_after(self) -> int:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
@@ -326,6 +342,10 @@ class Worker:
                 t.completed += 1
             if result is not None:
                 t.stats.merge(result.stats)
+        if job.first_token_s is not None:
+            self.metrics.first_token(job.first_token_s)
+        if result is not None and failed is None:
+            self.metrics.finished(result.stats)
         self._log(self._summary(job, result, failed))
 
     def _recover(self, lost: EngineLost) -> None:
