@@ -16,6 +16,7 @@ from bench import (
     following,
     isolation,
     maskcost,
+    promptcache,
     rpc_latency,
     sequence,
     suffixcost,
@@ -213,3 +214,13 @@ def test_rpc_latency_parses_ggml_rpc_commands_and_counts_round_trips():
     assert lines[3] == ("| 1 | 10.0 | 1.00 | 1 | GRAPH_COMPUTE, GET_TENSOR | 50.0, 5.00, 1, "
                         "same |")
     assert out[1]["ratio"] == pytest.approx(1.5) and out[1]["round_trips"] == 1
+
+
+def test_promptcache_compares_medians_per_repetition_and_spreads_every_request():
+    s = promptcache.Summary.of([[0.1, 0.2, 0.3], [0.2, 0.2, 0.2]],
+                               [[1.0, 1.0, 4.0], [0.5, 0.5, 9.0]])
+    assert (s.cached.min, s.cached.median, s.cached.max) == (0.1, 0.2, 0.3)
+    assert (s.uncached.min, s.uncached.median, s.uncached.max) == (0.5, 1.0, 9.0)
+    assert s.speedup.min == pytest.approx(2.5) and s.speedup.max == pytest.approx(5.0)
+    a, b = promptcache.system_prompt(1, 700), promptcache.system_prompt(2, 700)
+    assert a != b and len(a.split()) > 700

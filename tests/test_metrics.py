@@ -10,6 +10,7 @@ from servers import ServerProcess
 
 from specllama.engine.loop.stats import Stats
 from specllama.server.metrics import Histogram, Metrics, drafted
+from specllama.server.promptcache import CacheFigures
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +95,13 @@ def test_the_exposition_parses_back():
     m.first_token(0.3)
     text = m.render(requests={"completed": 2, "rejected": 1}, restarts=0,
                     stats=Stats(tokens=40), waiting=1, busy=True,
-                    cache={"history": 50, "target": 49, "draft": 30, "consistent": True})
+                    cache={"history": 50, "target": 49, "draft": 30, "consistent": True},
+                    prompt_cache=CacheFigures(entries=2, bytes=4096, limit_bytes=8192, hits=3))
     samples = {(s.name, tuple(s.labels.items())): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("specllama_requests_total", (("status", "rejected"),))] == 1
     assert samples[("specllama_kv_cache_tokens", (("model", "draft"),))] == 30
     assert samples[("specllama_time_to_first_token_seconds_count", ())] == 1
     assert samples[("specllama_requests_running", ())] == 1
+    assert samples[("specllama_prompt_cache_bytes", ())] == 4096
+    assert samples[("specllama_prompt_cache_hits_total", ())] == 3

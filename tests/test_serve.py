@@ -189,10 +189,11 @@ def test_a_multi_turn_chat_reuses_the_cached_prefix(server, client):
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
     assert second.model_extra["speculative"]["prompt_tokens_reused"] == cached
-    # The same conversation after an unrelated request (a cold cache): the same reply.
+    # The same conversation after an unrelated request: the prompt cache's copy of it
+    # serves it (without one it is evaluated again: test_promptcache.py), the same reply.
     client.completions.create(model=server.model, prompt="one two", max_tokens=4)
     again = say(second_turn)
-    assert again.usage.prompt_tokens_details.cached_tokens < cached
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
     assert again.choices[0].message.content == second.choices[0].message.content
     assert server.health()["cache"]["consistent"] is True
 

@@ -183,7 +183,9 @@ def test_response_format_json_object(server):
      "the JSON schema is not valid"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "json_schema.schema is missing"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "no-such-type"}}}]}, "tools", "not valid"),
     ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
     ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ({"top_logprobs": 3}, "top_logprobs", "needs logprobs"),

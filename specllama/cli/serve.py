@@ -35,8 +35,12 @@ from .ui import stats_table, stderr_console
 @click.option("--queue", "max_waiting", default=8, show_default=True,
               type=click.IntRange(0, 1024),
               help="Requests that may wait behind the one being served; more get 503.")
+@click.option("--cache-mib", default=1024, show_default=True, type=click.IntRange(0, 1 << 20),
+              help="Memory for copies of earlier requests' KV caches, so a prompt that "
+                   "shares a long prefix with one of them is not evaluated again (0: off).")
 @run_options
-def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waiting: int) -> None:
+def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waiting: int,
+          cache_mib: int) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /v1/completions, /v1/models, /health) until Ctrl-C."""
     err = stderr_console()
@@ -52,9 +56,9 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
     engine: server.Engine | server.EngineProcess
     if os.environ.get("SPECLLAMA_SERVE_IN_PROCESS") == "1":
         decoder, measure, settings = load_engine(run, True)
-        engine = server.Engine(decoder, measure)
+        engine = server.Engine(decoder, measure, cache_mib << 20)
     else:
-        engine = server.EngineProcess(functools.partial(load_engine, run))
+        engine = server.EngineProcess(functools.partial(load_engine, run), cache_mib << 20)
     try:
         if isinstance(engine, server.EngineProcess):
             settings = engine.start()

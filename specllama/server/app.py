@@ -9,7 +9,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio
@@ -103,7 +103,8 @@ class _API:
             body.update(status="unavailable", reason=failure.message,
                         retry_after=failure.retry_after)
         body.update(busy=w.busy, waiting=w.waiting, requests=w.totals.as_dict(),
-                    cache=w.cache, engine_pid=getattr(w.engine, "pid", None))
+                    cache=w.cache, prompt_cache=asdict(w.prompt_cache),
+                    engine_pid=getattr(w.engine, "pid", None))
         return JSONResponse(body, status_code=200 if down is None else 503,
                             headers={"Retry-After": str(body["retry_after"])} if down else None)
 
@@ -276,8 +277,9 @@ class _API:
             async for batch in batches:
                 # Text that arrived together goes out as one chunk.
                 text = "".join(i.text for i in batch if isinstance(i, TEXT_EVENTS))
-                if text:
-                    yield _sse(chunks.text(text))
+                chunk = chunks.text(text) if text else None
+                if chunk is not None:
+                    yield _sse(chunk)
                 end = batch[-1]
                 if isinstance(end, Failure):  # after the 200: an error event, then the end
                     yield _sse(_api_error(end).body())

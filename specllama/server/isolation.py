@@ -81,8 +81,9 @@ class _Reply:
 class EngineProcess:
     """The parent's side: start (or start again) the child, run orders, close."""
 
-    def __init__(self, factory: Factory) -> None:
+    def __init__(self, factory: Factory, cache_bytes: int = 0) -> None:
         self._factory = factory
+        self._cache_bytes = cache_bytes  # the prompt cache's limit (promptcache.py)
         self._mp = multiprocessing.get_context("spawn")
         self._cancel = self._mp.RawValue(ctypes.c_int64, 0)
         self._proc: Any = None
@@ -98,7 +99,8 @@ class EngineProcess:
         first = self.starts == 0
         self.starts += 1
         ours, theirs = self._mp.Pipe()
-        proc = self._mp.Process(target=_child, args=(self._factory, first, theirs, self._cancel),
+        proc = self._mp.Process(target=_child, args=(self._factory, first, theirs, self._cancel,
+                                                     self._cache_bytes),
                                 name="specllama-engine", daemon=True)
         self._proc, self._conn, self._last_words = proc, ours, None
         try:
@@ -212,7 +214,8 @@ class EngineProcess:
 
 
 # ------------------------------------------------------------------ the child's side
-def _child(factory: Factory, first: bool, conn: Connection, cancel: Any) -> None:
+def _child(factory: Factory, first: bool, conn: Connection, cancel: Any,
+           cache_bytes: int) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     lock = threading.Lock()
@@ -232,7 +235,7 @@ def _child(factory: Factory, first: bool, conn: Connection, cancel: Any) -> None
     except BaseException as exc:
         send(_LoadFailed(_picklable(exc)))
         return
-    engine = Engine(decoder, prepare)
+    engine = Engine(decoder, prepare, cache_bytes)
     why = engine.prepare()
     if why:
         print(why, file=sys.stderr)

@@ -28,6 +28,7 @@ from .. import (
 )
 from ..engine.llama.kvreport import CacheReport, cache_report
 from ..policy.compare import Comparison, compare_with_target
+from .promptcache import CacheFigures, PromptCache
 from .prompts import Work
 
 #: The events that carry text: what a stream sends on.
@@ -86,15 +87,17 @@ class Outcome:
     failure: Failure | None = None
     cache: dict[str, int | bool] = field(default_factory=dict)  # /health's "cache"
     evaluated: dict[str, int] = field(default_factory=dict)
+    prompt_cache: CacheFigures = CacheFigures()
 
 
 class Engine:
     """A decoder serving orders one at a time, on the calling thread."""
 
     def __init__(self, decoder: SpeculativeDecoder,
-                 prepare: Callable[[], None] | None = None) -> None:
+                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0) -> None:
         self.decoder = decoder
         self._prepare = prepare
+        self.prompt_cache = PromptCache(cache_bytes)
         self._history: list[int] = []  # the last prompt + what was generated for it
 
     def prepare(self) -> str | None:
@@ -114,7 +117,10 @@ class Engine:
         wanted: tuple[type, ...] = {"end": (Finished,), "text": (Finished, *TEXT_EVENTS),
                                      "all": (object,)}[order.events]
         work, failure, finished, stream = order.work, None, False, None
+        d = self.decoder
         try:
+            self.prompt_cache.prepare(list(work.tokens), d.target,
+                                      d.draft if d.drafter is d.draft else None)
             # Inside the try: arguments refused here must fail this order, not the engine.
             stream = self.decoder.stream(
                 work.tokens,
@@ -148,7 +154,7 @@ class Engine:
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
         cache = cache_report(self._history, self.decoder.target, self.decoder.drafter).as_dict()
-        return Outcome(result, failure, cache, self.evaluated())
+        return Outcome(result, failure, cache, self.evaluated(), self.prompt_cache.figures())
 
     def close(self) -> None:
         self.decoder.close()

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..engine.loop.stats import Stats
+from .promptcache import CacheFigures
 
 #: Seconds: the time to a first token spans a cached prompt (milliseconds) to a long one
 #: on a busy CPU (tens of seconds); a token's, a 135M model's few ms to an 8B's 200 ms+.
@@ -66,7 +67,8 @@ class Metrics:
                 self.per_token.observe(stats.generate_s / stats.tokens)
 
     def render(self, *, requests: dict[str, int], restarts: int, stats: Stats,
-               waiting: int, busy: bool, cache: dict[str, int | bool]) -> str:
+               waiting: int, busy: bool, cache: dict[str, int | bool],
+               prompt_cache: CacheFigures) -> str:
         """The whole exposition: `requests` by status, `stats` summed over requests."""
         with self._lock:
             histograms = [
@@ -97,7 +99,19 @@ class Metrics:
                     *_family("specllama_kv_cache_tokens", "gauge",
                              "tokens each model's KV cache holds after the last request",
                              [({"model": m}, cache[m]) for m in ("target", "draft")
-                              if isinstance(cache.get(m), int)])]
+                              if isinstance(cache.get(m), int)]),
+                    *_family("specllama_prompt_cache_bytes", "gauge",
+                             "bytes of KV copies the prompt cache keeps",
+                             [({}, prompt_cache.bytes)]),
+                    *_family("specllama_prompt_cache_limit_bytes", "gauge",
+                             "the prompt cache's limit (--cache-mib)",
+                             [({}, prompt_cache.limit_bytes)]),
+                    *_family("specllama_prompt_cache_hits_total", "counter",
+                             "requests that got a KV copy back",
+                             [({}, prompt_cache.hits)]),
+                    *_family("specllama_prompt_cache_tokens_restored_total", "counter",
+                             "prompt tokens a KV copy spared evaluating",
+                             [({}, prompt_cache.tokens_restored)])]
             for name, help_text, h in histograms:
                 text += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram",
                          *h.lines(name)]

@@ -17,6 +17,7 @@ from .. import (
 )
 from ..engine.llama import Vocabulary
 from .schema import APIError, ChatRequest, CompletionRequest, ResponseFormat
+from .tools import ToolUse, generic_messages, native_messages, template_has_tools, tool_use
 
 # Used when the target has no chat template, as `specllama chat` does.
 PLAIN_STOP = ("\nUser:",)
@@ -44,6 +45,7 @@ class Work:
     # A chat's (role, content) turns: a draft of another family renders them in its own
     # chat template, in the engine process (which has its vocabulary).
     turns: tuple[tuple[str, str], ...] = ()
+    tools: ToolUse | None = None  # the answer may be tool calls
 
 
 def build_work(
@@ -51,11 +53,13 @@ def build_work(
 ) -> Work:
     """`vocab`: the target's tokenizer (the engine runs elsewhere: isolation.py)."""
     turns: tuple[tuple[str, str], ...] = ()
+    use, spec = None, None
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
+        use, spec = tool_use(req)
         tokens, extra_stop = chat_tokens(vocab, req)
         param = "messages"
-        if not extra_stop:  # rendered by the target's template
+        if not extra_stop and not _has_tools(req):  # rendered by the target's template
             turns = tuple((t["role"], t["content"]) for t in _turns(req))
     else:
         kind, tokens, extra_stop, param = "completion", _tokenize(vocab, req.text()), (), \
@@ -91,7 +95,8 @@ def build_work(
     except InvalidParameterError as exc:
         raise APIError(400, str(exc)) from None
     return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop,
-                constraint(req.response_format, defaults.constraint), req.n_logprobs, turns)
+                spec or constraint(req.response_format, defaults.constraint), req.n_logprobs,
+                turns, use)
 
 
 def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
@@ -125,8 +130,19 @@ def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
 def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
     """The conversation in the target's chat template (as `specllama chat` renders it);
     a plain 'User: / Assistant:' format when the target has none."""
-    turns = _turns(req)
-    if target.chat_template() is None:
+    tools = req.tools  # under "none" too: the model knows them, the grammar bars calls
+    template = target.chat_template()
+    if template_has_tools(template) and _has_tools(req):
+        try:
+            rendered = target.format_chat(
+                native_messages(req.messages),
+                tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None)
+        except Exception as exc:
+            raise APIError(400, "the model's chat template refused these messages: "
+                           f"{_one_line(exc)}", param="messages") from None
+        return target.tokenize_chat(rendered), ()
+    turns = generic_messages(req.messages, tools)
+    if template is None:
         return _tokenize(target, _plain(turns)), PLAIN_STOP
     try:
         rendered = target.format_chat(turns)
@@ -143,8 +159,13 @@ def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[
 
 
 def _turns(req: ChatRequest) -> list[dict[str, str]]:
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in req.messages]
+    return generic_messages(req.messages, None)
+
+
+def _has_tools(req: ChatRequest) -> bool:
+    """Tools offered, or earlier calls and their answers in the conversation."""
+    return bool(req.tools) or any(
+        m.tool_calls or m.role == "tool" for m in req.messages)
 
 
 def _render_folded(target: Any, turns: list[dict[str, Any]]) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import GenerationResult
 from .prompts import Work
+from .tools import OPEN, parse_calls
 
 EXTRA_KEY = "speculative"
 
@@ -113,9 +114,14 @@ def completion(
     finish = FINISH_REASONS[result.finish_reason]
     lps = logprobs(work.kind, result, piece)
     if work.kind == "chat":
+        calls = parse_calls(result.text, finish == "length") if work.tools else None
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if calls:
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls" if finish == "stop" else finish
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": result.text},
+            "message": message,
             "finish_reason": finish,
             "logprobs": lps,
         }
@@ -141,6 +147,9 @@ class Chunks:
         self.model = model
         self.include_usage = include_usage
         self.created = int(time.time())
+        # With tools, text that may begin a call is held back until it is told apart.
+        self._undecided = work.tools is not None
+        self._held = ""
 
     def _chunk(self, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -168,7 +177,13 @@ class Chunks:
         """Chat streams open with the assistant's role and no text."""
         return self._chunk([self._choice("", None, role=True)]) if self.kind == "chat" else None
 
-    def text(self, text: str) -> dict[str, Any]:
+    def text(self, text: str) -> dict[str, Any] | None:
+        """The chunk for new text; None while it is held back."""
+        if self._undecided:
+            self._held += text
+            if OPEN.startswith(self._held) or self._held.startswith(OPEN.strip()):
+                return None  # a call (sent whole at the end) or not yet known
+            text, self._held, self._undecided = self._held, "", False
         return self._chunk([self._choice(text, None)])
 
     def end(self, result: GenerationResult, extra: dict[str, Any],
@@ -177,7 +192,17 @@ class Chunks:
         with it (a stop string can still cut tokens whose text was held back)."""
         finish = FINISH_REASONS[result.finish_reason]
         lps = logprobs(self.kind, result, piece)
-        last = [self._chunk([self._choice(None, finish, lps=lps)], **{EXTRA_KEY: extra})]
+        first: list[dict[str, Any]] = []
+        calls = parse_calls(self._held, finish == "length") if self._held else None
+        if calls:
+            finish = "tool_calls" if finish == "stop" else finish
+            first.append(self._chunk([{"index": 0, "finish_reason": None, "logprobs": None,
+                                       "delta": {"tool_calls": [{"index": i, **c}
+                                                                for i, c in enumerate(calls)]}}]))
+        elif self._held:  # it looked like a call and was not (cut by max_tokens)
+            first.append(self._chunk([self._choice(self._held, None)]))
+        last = [*first,
+                self._chunk([self._choice(None, finish, lps=lps)], **{EXTRA_KEY: extra})]
         if self.include_usage:
             last.append(self._chunk([], usage=usage(result), **{EXTRA_KEY: extra}))
         return last

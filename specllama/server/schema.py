@@ -64,9 +64,43 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -96,8 +130,6 @@ class ResponseFormat(_Body):
 # looks like an answer. (Fields that change nothing for one local model, `user`,
 # `metadata`, `store`, ..., are ignored as OpenAI's own servers ignore them.)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "logit_bias": (None, {}),
@@ -146,6 +178,9 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @property
     def n_logprobs(self) -> int | None:

@@ -30,6 +30,7 @@ from .. import Event, Finished, SpecLlamaError, Stats, TargetToken, TokensAccept
 from .isolation import EngineLost, EngineProcess
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Evaluated, Failure, Order, Outcome
 from .metrics import Metrics
+from .promptcache import CacheFigures
 from .prompts import Work
 
 # Seconds between attempts to start a lost engine again: doubling up to this.
@@ -198,6 +199,7 @@ class Worker:
         self.down: Down | None = None
         # /health's "cache": the KV caches against the last request after it
         self.cache: dict[str, int | bool] = {"history": 0, "consistent": True}
+        self.prompt_cache = CacheFigures()  # as the engine last told (empty after a restart)
         self._thread = threading.Thread(target=self._run, name="specllama-decoder", daemon=True)
 
     # ------------------------------------------------------------ event-loop side
@@ -239,7 +241,8 @@ class Worker:
             restarts, stats = t.engine_restarts, Stats()
             stats.merge(t.stats)
         return self.metrics.render(requests=requests, restarts=restarts, stats=stats,
-                                   waiting=self.waiting, busy=self.busy, cache=self.cache)
+                                   waiting=self.waiting, busy=self.busy, cache=self.cache,
+                                   prompt_cache=self.prompt_cache)
 
     def _retry_after(self) -> int:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
@@ -326,7 +329,7 @@ class Worker:
             raise
         if outcome.failure is not None:
             job.put(outcome.failure)
-        self.cache = outcome.cache
+        self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
         self._account(job, started, outcome.result, outcome.failure)
 
     def _account(self, job: Job, started: float, result: Any,

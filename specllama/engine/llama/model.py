@@ -13,6 +13,7 @@ import ctypes
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -53,6 +54,14 @@ class DraftModel(Protocol):
     def set_threads(self, n_threads: int) -> None: ...
     @property
     def n_threads(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class KVState:
+    """One model's KV cache as bytes, and the tokens it holds (position = index)."""
+
+    tokens: tuple[int, ...]
+    data: bytes
 
 
 class Model(Vocabulary):
@@ -298,6 +307,27 @@ class Model(Vocabulary):
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
         self.cached.clear()
+
+    def save_state(self) -> KVState:
+        """A copy of the KV cache and the tokens it holds (llama.cpp's sequence state),
+        for `restore` later, after other prompts have passed through."""
+        size = int(lc.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(lc.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        if written == 0 and self.cached:
+            raise KVCacheError(f"{self.path.name}: llama.cpp could not copy its KV cache")
+        return KVState(tuple(self.cached), bytes(buf)[:written])
+
+    def restore(self, state: KVState) -> None:
+        """Put back a `save_state` copy in place of what the cache holds."""
+        self.clear()
+        if not state.tokens:
+            return
+        buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
+        if not lc.llama_state_seq_set_data(self._ctx, buf, len(state.data), 0):
+            self.clear()  # llama.cpp may have read part of it
+            raise KVCacheError(f"{self.path.name}: llama.cpp could not restore a saved KV cache")
+        self.cached[:] = state.tokens
 
     def sync_to(self, tokens: list[int]) -> int:
         """Make the cache a prefix of `tokens`, keeping the longest common prefix it

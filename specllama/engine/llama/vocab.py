@@ -132,9 +132,11 @@ class Vocabulary:
         raw = lc.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
-    def format_chat(self, messages: list[dict[str, str]], template: str | None = None) -> str:
+    def format_chat(self, messages: list[dict[str, Any]], template: str | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """Render messages with the model's own jinja2 chat template (or `template`),
-        ending with the assistant's generation prompt."""
+        ending with the assistant's generation prompt; `tools` (OpenAI's shape) for a
+        template with a tools section."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = template or self.chat_template()
@@ -148,7 +150,8 @@ class Vocabulary:
             add_generation_prompt=True,
         )
         chat: Any = messages  # the role/content dicts the formatter's TypedDicts describe
-        return formatter(messages=chat).prompt
+        described: Any = tools
+        return formatter(messages=chat, tools=described).prompt
 
     def prompt(self, text: str, *, chat: bool = True, system: str | None = None) -> list[int]:
         """`text` as this model should see it: the user's message in its chat template
