@@ -55,6 +55,8 @@ from bench.llamacpp_build import (
 from bench.processes import ApiServer, request
 
 BASELINE = "llama-server"
+#: specllama's own target alone, when it is among the contenders
+OWN_TARGET = "specllama --draft-max 0"
 
 
 @dataclass
@@ -235,6 +237,7 @@ def summarize(cs: list[Contender], temp: float) -> list[dict[str, Any]]:
     base_gm = [geomean([r["tokens_per_s"] for r in rows]) for rows in base.runs[temp]]
     lcpp_spec = [c for c in cs if c.kind == "llama-server" and c.name != BASELINE]
     best = max(lcpp_spec, key=lambda c: statistics.median(_gms(c, temp)), default=None)
+    own = next((c for c in cs if c.name == OWN_TARGET), None)
     out = []
     for c in cs:
         gms = _gms(c, temp)
@@ -251,12 +254,25 @@ def summarize(cs: list[Contender], temp: float) -> list[dict[str, Any]]:
         if best is not None:
             row["vs_best_llama_server_speculative"] = Spread.of(
                 ratios(gms, _gms(best, temp))).as_dict()
+        # All tokens over all time: a 1-token answer (its time all prompt) weighs 1 token,
+        # where the geometric mean over requests weighs it as much as a full answer.
+        row["pooled_vs_llama_server_alone"] = Spread.of(
+            ratios(_pooled(c, temp), _pooled(base, temp))).as_dict()
+        if own is not None:
+            row["pooled_vs_own_target"] = Spread.of(
+                ratios(_pooled(c, temp), _pooled(own, temp))).as_dict()
         out.append(row)
     return out
 
 
 def _gms(c: Contender, temp: float) -> list[float]:
     return [geomean([r["tokens_per_s"] for r in rows]) for rows in c.runs[temp]]
+
+
+def _pooled(c: Contender, temp: float) -> list[float]:
+    """Per repetition: all tokens over all seconds."""
+    return [sum(r["tokens"] for r in rows) / sum(r["tokens"] / r["tokens_per_s"] for r in rows)
+            for rows in c.runs[temp]]
 
 
 def _fmt(s: dict[str, float], digits: int = 2) -> str:
@@ -276,6 +292,12 @@ def print_table(temp: float, rows: list[dict[str, Any]]) -> None:
               f"{_fmt(r['vs_llama_server_alone']):>18} "
               f"{_fmt(vs_best) if vs_best else '':>18} "
               f"{r['drafted_per_request']:8.1f} {acc:>7}")
+    print("all tokens over all time, against llama-server alone and specllama's own target "
+          "alone:")
+    for r in rows:
+        own = r.get("pooled_vs_own_target")
+        print(f" {r['contender'][:51]:51} {_fmt(r['pooled_vs_llama_server_alone']):>18} "
+              f"{_fmt(own) if own else '':>18}")
 
 
 def arguments() -> argparse.ArgumentParser:

@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="repetitions (default: %(default)s)")
     p.add_argument("--turns", type=int, default=6,
                    help="requests per repetition, taking turns between 2 system prompts")
-    p.add_argument("--words", type=int, default=700,
+    p.add_argument("--words", type=int, default=400,
                    help="words per system prompt (about 1,000 tokens; default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--cache-mib", type=int, default=1024)

@@ -178,7 +178,7 @@ def final_state(run: Run, timeout: float = 60) -> dict[str, Any]:
             break
         time.sleep(0.5)
     return {"final_health_status": status, "final_requests": h.get("requests"),
-            "final_engine_pid": h.get("engine_pid")}
+            "final_engine_pid": h.get("engine_pid"), "final_prompt_cache": h.get("prompt_cache")}
 
 
 def drive(run: Run, rpc: RpcServer, args: argparse.Namespace) -> dict[str, Any]:

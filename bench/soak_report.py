@@ -81,4 +81,9 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
                  f"{json.dumps(s['final_requests'])}; serve exit status {s['serve_exit']}, "
                  f"engine left running: {s['engine_left']}; tracebacks in serve's log: "
                  f"{s['tracebacks']}")
+    cache = s.get("final_prompt_cache")
+    if cache:  # copies are of the engine process's life: a restart empties the cache
+        lines.append(f"  prompt cache at the end: {cache['entries']} copies, "
+                     f"{cache['bytes'] / 2**20:.0f} of {cache['limit_bytes'] / 2**20:.0f} MiB, "
+                     f"{cache['hits']} hits")
     return lines

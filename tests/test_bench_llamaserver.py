@@ -89,6 +89,20 @@ def test_the_summary_pairs_ratios_within_a_repetition_and_stars_llama_servers_be
         "1.25 [1.00-1.50]"
 
 
+def test_pooled_ratios_weigh_each_token_once():
+    cs = [contender("llama-server", "llama-server", [[10.0, 40.0]]),
+          contender("specllama --draft-max 0", "specllama", [[20.0, 20.0]]),
+          contender("specllama default", "specllama", [[40.0, 10.0]])]
+    rows = {r["contender"]: r for r in ls.summarize(cs, 0.0)}
+    # 10 tokens each: alone 20 tokens in 1.25 s (16/s), own target 20 in 1 s, ours 1.25 s
+    assert rows["specllama default"]["pooled_vs_llama_server_alone"]["median"] == \
+        pytest.approx(1.0)
+    assert rows["specllama default"]["pooled_vs_own_target"]["median"] == pytest.approx(0.8)
+    assert rows["specllama --draft-max 0"]["pooled_vs_llama_server_alone"]["median"] == \
+        pytest.approx(1.25)
+    assert "pooled_vs_own_target" not in ls.summarize(cs[::2], 0.0)[1]
+
+
 def test_the_summary_without_a_speculative_llama_server():
     cs = [contender("llama-server", "llama-server", [[20.0]]),
           contender("specllama default", "specllama", [[30.0]])]

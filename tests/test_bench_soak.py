@@ -83,7 +83,9 @@ def made_up_run() -> Run:
 def test_the_summary_counts_every_outcome_and_keeps_the_lost_ones():
     final = {"final_health_status": 200, "final_requests": {"served": 5},
              "final_engine_pid": 12, "clients_hung": 0, "serve_exit": 0,
-             "engine_left": False, "tracebacks": 0}
+             "engine_left": False, "tracebacks": 0,
+             "final_prompt_cache": {"entries": 3, "bytes": 3 << 20, "limit_bytes": 64 << 20,
+                                    "hits": 2}}
     s = summarize(made_up_run(), final)
     assert s["outcomes"] == {**dict.fromkeys(KINDS, 0), "completed": 3, "503": 1,
                              "dropped": 1, "lost": 1}
@@ -97,3 +99,4 @@ def test_the_summary_counts_every_outcome_and_keeps_the_lost_ones():
     assert "6 of 6 requests sent, 6 answered, in 12 s" in text
     assert "lost              1   <- must be 0" in text
     assert "     5 (   3) kill     0.5    4.0" in text
+    assert "prompt cache at the end: 3 copies, 3 of 64 MiB, 2 hits" in text

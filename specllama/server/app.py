@@ -24,6 +24,7 @@ from starlette.routing import Route
 from .. import Event, Finished
 from ..engine.llama import Vocabulary
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
+from .metrics import exposition
 from .prompts import Defaults, Work, build_work
 from .responses import Chunks, completion, figures, new_id
 from .schema import APIError, ChatRequest, CompletionRequest, parse
@@ -91,7 +92,7 @@ class _API:
     async def metrics(self, request: Request) -> Response:
         """Prometheus' text format (server/metrics.py); behind the key: it shows usage."""
         self._authorize(request)
-        return PlainTextResponse(self.worker.metrics_text(),
+        return PlainTextResponse(exposition(self.worker),
                                  media_type="text/plain; version=0.0.4")
 
     async def health(self, request: Request) -> Response:

@@ -14,9 +14,13 @@ import bisect
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..engine.loop.stats import Stats
 from .promptcache import CacheFigures
+
+if TYPE_CHECKING:
+    from .worker import Worker
 
 #: Seconds: the time to a first token spans a cached prompt (milliseconds) to a long one
 #: on a busy CPU (tens of seconds); a token's, a 135M model's few ms to an 8B's 200 ms+.
@@ -116,6 +120,19 @@ class Metrics:
                 text += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram",
                          *h.lines(name)]
         return "\n".join(text) + "\n"
+
+
+def exposition(worker: Worker) -> str:
+    """/metrics: the worker's counters as they stand."""
+    with worker._lock:
+        t = worker.totals
+        requests = {"completed": t.completed, "cancelled": t.cancelled,
+                    "failed": t.failed, "rejected": t.rejected}
+        restarts, stats = t.engine_restarts, Stats()
+        stats.merge(t.stats)
+    return worker.metrics.render(requests=requests, restarts=restarts, stats=stats,
+                                 waiting=worker.waiting, busy=worker.busy,
+                                 cache=worker.cache, prompt_cache=worker.prompt_cache)
 
 
 def drafted(stats: Stats) -> tuple[dict[str, int], dict[str, int]]:

@@ -232,18 +232,6 @@ class Worker:
             self._jobs.put(job)
         return job
 
-    def metrics_text(self) -> str:
-        """/metrics: the counters as they stand, in Prometheus' text format."""
-        with self._lock:
-            t = self.totals
-            requests = {"completed": t.completed, "cancelled": t.cancelled,
-                        "failed": t.failed, "rejected": t.rejected}
-            restarts, stats = t.engine_restarts, Stats()
-            stats.merge(t.stats)
-        return self.metrics.render(requests=requests, restarts=restarts, stats=stats,
-                                   waiting=self.waiting, busy=self.busy, cache=self.cache,
-                                   prompt_cache=self.prompt_cache)
-
     def _retry_after(self) -> int:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
         done = self.totals.completed + self.totals.cancelled + self.totals.failed
