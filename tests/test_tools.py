@@ -211,6 +211,8 @@ def test_the_answer_side_reads_calls_and_only_calls():
     cut = parse_calls(text[:-8], cut=True)  # at max_tokens: the finished calls
     assert [c["function"]["name"] for c in cut] == ["add"]
     assert parse_calls(text + " and more") is None
+    tricky = f'{OPEN}{{"name": "f", "arguments": {{"x": "a</tool_call>b"}}}}\n</tool_call>'
+    assert json.loads(parse_calls(tricky)[0]["function"]["arguments"]) == {"x": "a</tool_call>b"}
 
 
 def test_the_choice_decides_the_grammar():
@@ -289,8 +291,8 @@ def test_smollm2_calls_validly_every_time(smollm2_path, tmp_path):
                     parallel_tool_calls=parallel)
                 choice = r.choices[0]
                 assert choice.finish_reason == "tool_calls" or parallel, (seed, choice)
-                assert choice.message.tool_calls and (parallel or
-                                                      len(choice.message.tool_calls) == 1)
+                assert choice.message.tool_calls and (parallel or len(
+                    choice.message.tool_calls) == 1), (seed, parallel, choice)
                 for call in choice.message.tool_calls:
                     valid(call)
                 assert r.model_extra["speculative"]["forced"] > 0

@@ -37,6 +37,7 @@ GENERIC_INTRO = (
 )
 
 Choice = Literal["auto", "required", "named"]
+_JSON = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,18 @@ def parse_calls(text: str, cut: bool = False) -> list[dict[str, Any]] | None:
     calls: list[dict[str, Any]] = []
     rest = text.rstrip()  # a call begins the answer: the grammar says so
     while rest.startswith(OPEN.strip()):
-        body, sep, after = rest[len(OPEN.strip()):].partition(CLOSE.strip())
-        try:
-            call = json.loads(body) if sep else None
+        try:  # the JSON first: its strings may hold "</tool_call>" too
+            call, end = _JSON.raw_decode(rest, len(OPEN.strip()) + 1)
         except json.JSONDecodeError:
-            call = None
-        if not isinstance(call, dict) or "name" not in call:
+            call, end = None, 0
+        after = rest[end:].lstrip()
+        if not isinstance(call, dict) or "name" not in call or \
+                not after.startswith(CLOSE.strip()):
             return (calls or None) if cut else None
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                       "function": {"name": call["name"],
                                    "arguments": json.dumps(call.get("arguments", {}))}})
-        rest = after.strip()
+        rest = after[len(CLOSE.strip()):].strip()
     return calls if calls and not rest else None
 
 
