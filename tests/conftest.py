@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ from click.testing import CliRunner
 from tinymodels import write_tiny_model
 
 from specllama.cli import cli
+
+# A shell that starts the tests in the background (`cmd &`) leaves SIGINT ignored, and an
+# ignored signal stays ignored in every process started from here: the Ctrl-C tests need
+# it delivered. A handler (unlike SIG_IGN) is reset to the default by exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Relative weight noise of the tiny drafts (see tests/tinymodels.py). Measured over 800
 # teacher-forced positions (20 prompts, target greedy and sampled continuations):
