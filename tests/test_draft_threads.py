@@ -7,7 +7,7 @@ from test_cli import assert_one_line_error
 
 
 def test_drafting_ahead_gives_the_target_alones_greedy_text(run, tiny):
-    args = ("generate", "the cat sat on the mat", *tiny, "--raw", "--max-tokens", 40,
+    args = ("generate", "the cat sat on the mat", *tiny, "--raw", "--max-tokens", 160,
             "--temperature", 0, "--threads", 2, "--drafters", "model")
     alone = run(*args, "--draft-max", 0)
     ahead = run(*args, "--draft-max", 2, "--draft-threads", 1, "--json")

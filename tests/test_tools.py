@@ -10,7 +10,7 @@ import openai
 import pytest
 from servers import ServerProcess
 
-from specllama.server.schema import ChatRequest, Message
+from specllama.server.schema import APIError, ChatRequest, Message
 from specllama.server.tools import OPEN, generic_messages, parse_calls, tool_use
 
 WEATHER = {"type": "function", "function": {
@@ -225,6 +225,8 @@ def test_the_choice_decides_the_grammar():
     assert use.choice == "named" and not use.parallel and '"get_weather"' not in spec.text
     assert tool_use(request(tool_choice="none")) == (None, None)
     assert tool_use(request(tools=None)) == (None, None)
+    with pytest.raises(APIError):
+        tool_use(request(tools=None, tool_choice="required"))
     use, _ = tool_use(request(tool_choice="required", parallel_tool_calls=False))
     assert not use.parallel
 

@@ -51,6 +51,9 @@ class ToolUse:
 def tool_use(req: ChatRequest) -> tuple[ToolUse | None, ConstraintSpec | None]:
     """How this request uses tools (None: it does not) and the constraint on its output."""
     choice = req.tool_choice
+    if not req.tools and choice not in (None, "none", "auto"):
+        raise APIError(400, "tool_choice asks for a call but there are no tools",
+                       param="tool_choice")
     if not req.tools or choice == "none":
         return None, None
     tools = req.tools
