@@ -130,7 +130,7 @@ def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
 def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
     """The conversation in the target's chat template (as `specllama chat` renders it);
     a plain 'User: / Assistant:' format when the target has none."""
-    tools = req.tools  # under "none" too: the model knows them, the grammar bars calls
+    tools = req.tools  # under "none" too: the model knows them; its answer is read as text
     template = target.chat_template()
     if template_has_tools(template) and _has_tools(req):
         try:
