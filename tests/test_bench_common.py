@@ -12,8 +12,8 @@ from bench import common
 from bench.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
-SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "contextcost", "crossvocab",
-           "following", "isolation", "laptop", "llamacpp", "llamaserver", "maskcost",
+SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
+           "crossvocab", "following", "isolation", "laptop", "llamacpp", "llamaserver", "maskcost",
            "promptcache", "rpc_latency", "sequence", "soak", "suffixcost"]
 
 

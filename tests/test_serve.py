@@ -457,7 +457,7 @@ def test_the_cost_measurement_runs_on_the_decoding_thread(tiny_target):
     worker = Worker(engine, max_waiting=1, draft_max=0, drafters=("lookup",))
     try:
         worker.start()
-        assert seen == [worker._thread.ident]
+        assert seen == [worker._threads[0].ident]
     finally:
         worker.close()
         decoder.close()
@@ -602,7 +602,8 @@ def _hand_over(stream: bool, n: int = 3000) -> tuple[list[list], int]:
     request reads), then the end; returns the batches the event loop got and how often
     it was woken."""
     from specllama import Finished, GenerationResult, RoundVerified, Stats, TextFlushed
-    from specllama.server.worker import _END, Job
+    from specllama.server.handoff import END as _END
+    from specllama.server.handoff import Job
 
     verdict = RoundVerified(drafted=(), origins=(), accepted=0, token=1, kind="plain",
                             emitted=1, p=(), q=(), source="model", draft_s=0.0, target_s=0.0,

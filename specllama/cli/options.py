@@ -249,8 +249,8 @@ def choose_models(run: RunOptions, progress: Callable[[str], None]) -> ModelChoi
     return ModelChoice(target, draft, pair, str(draft) if draft else "lookup")
 
 
-def open_decoder(run: RunOptions, console: Console, *,
-                 calibrate: bool = True) -> tuple[SpeculativeDecoder, RunSettings]:
+def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
+                 n_seq: int = 1) -> tuple[SpeculativeDecoder, RunSettings]:
     """Resolve models and settings, load both models with a spinner, and measure auto's
     decode costs unless `calibrate` is False (serve measures them on the thread that
     decodes: see server/worker.py)."""
@@ -281,6 +281,7 @@ def open_decoder(run: RunOptions, console: Console, *,
             p_min=merged.p_min,
             target_rpc=rpc,
             cross_vocab=merged.cross_vocab,
+            n_seq=n_seq,
         )
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)

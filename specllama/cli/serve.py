@@ -35,12 +35,15 @@ from .ui import stats_table, stderr_console
 @click.option("--queue", "max_waiting", default=8, show_default=True,
               type=click.IntRange(0, 1024),
               help="Requests that may wait behind the one being served; more get 503.")
+@click.option("--parallel", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Requests served at once: each a sequence of one target context, their "
+                   "rounds verified in one batch.")
 @click.option("--cache-mib", default=1024, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Memory for copies of earlier requests' KV caches, so a prompt that "
                    "shares a long prefix with one of them is not evaluated again (0: off).")
 @run_options
 def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waiting: int,
-          cache_mib: int) -> None:
+          parallel: int, cache_mib: int) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /v1/completions, /v1/models, /health) until Ctrl-C."""
     err = stderr_console()
@@ -53,12 +56,13 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
     # started again; this process keeps the HTTP side and the target's vocabulary.
     # SPECLLAMA_SERVE_IN_PROCESS=1: the models in this process (bench/isolation.py's
     # baseline for what the isolation costs).
-    engine: server.Engine | server.EngineProcess
+    engine: server.Slots | server.EngineProcess
     if os.environ.get("SPECLLAMA_SERVE_IN_PROCESS") == "1":
-        decoder, measure, settings = load_engine(run, True)
-        engine = server.Engine(decoder, measure, cache_mib << 20)
+        decoder, measure, settings = load_engine(run, True, parallel=parallel)
+        engine = server.Slots(decoder, parallel, measure, cache_mib << 20)
     else:
-        engine = server.EngineProcess(functools.partial(load_engine, run), cache_mib << 20)
+        engine = server.EngineProcess(functools.partial(load_engine, run, parallel=parallel),
+                                      cache_mib << 20, parallel)
     try:
         if isinstance(engine, server.EngineProcess):
             settings = engine.start()
@@ -73,6 +77,7 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
             n_ctx=settings.n_ctx,
             api_key=api_key,
             max_waiting=max_waiting,
+            parallel=parallel,
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
         )
@@ -92,12 +97,13 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
         err.print(stats_table(t.stats, title="all requests"))
 
 
-def load_engine(run: RunOptions, first: bool) -> tuple[SpeculativeDecoder, Callable[[], None],
-                                                      RunSettings]:
+def load_engine(run: RunOptions, first: bool, parallel: int = 1) -> tuple[
+        SpeculativeDecoder, Callable[[], None], RunSettings]:
     """In the engine process: load the pair as any command does (a spinner and notes
-    the first time only), and how to measure auto's costs on the thread that decodes."""
+    the first time only; the target with `parallel` sequences), and how to measure
+    auto's costs on the thread that decodes."""
     err = stderr_console(plain=not first)
-    decoder, settings = open_decoder(run, err, calibrate=False)
+    decoder, settings = open_decoder(run, err, calibrate=False, n_seq=parallel)
 
     def measure() -> None:
         measure_costs(decoder, settings.draft_max, run.recalibrate and first,

@@ -99,19 +99,22 @@ class SpeculativeDecoder:
         drafters: DraftersArg | None = None,
         target_rpc: Sequence[str] = (),
         cross_vocab: bool = False,
+        n_seq: int = 1,
     ) -> SpeculativeDecoder:
         """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
         (the target alone). drafters: who drafts when generate()/stream() are not told;
         None means lookup then the draft model with a draft model, lookup for
         draft="lookup", else nobody (the target alone). target_rpc: HOST:PORT of llama.cpp
-        RPC servers that hold the target (the draft stays local)."""
+        RPC servers that hold the target (the draft stays local). n_seq: sequences each
+        model's context holds (server/slots.py)."""
         if drafters:
             check_drafters(drafters)
-        target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc)
+        target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc,
+                             n_seq=n_seq)
         draft_model = None
         is_lookup = draft is not None and str(draft) == "lookup"
         if draft is not None and not is_lookup:
-            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads, n_seq=n_seq)
         return cls(
             target_model,
             draft_model,

@@ -46,6 +46,9 @@ class RoundCosts:
     overhead: float = 0.0  # ours, per round
     overhead_per_draft: float = 0.0  # ours, per drafted token (sampling q, ...)
     draft_wake: float = 0.0  # the first draft step of a round, on top of `draft`
+    #: tokens other requests emit in the same target batch (`serve --parallel`): a
+    #: round's rate is the batch's, so drafts pay only if they raise the whole batch's
+    shared: float = 0.0
 
     @property
     def k_max(self) -> int:
@@ -65,8 +68,8 @@ class RoundCosts:
 
 
 def expected_rate(accept: float | Sequence[float], k: int, costs: RoundCosts) -> float:
-    """Expected tokens per second with k drafts a round."""
-    return expected_tokens(accept, k) / costs.round_s(k)
+    """Expected tokens per second with k drafts a round (the batch's, when shared)."""
+    return (expected_tokens(accept, k) + costs.shared) / costs.round_s(k)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def decide(
     # E(k) built up incrementally: O(k_max) (this runs every round, so no method calls)
     target, per_draft = costs.target, costs.draft + costs.overhead_per_draft
     fixed = costs.overhead + costs.draft_wake
-    run, tokens = 1.0, 1.0
+    run, tokens = 1.0, 1.0 + costs.shared
     for k in range(1, k_max + 1):
         run *= rates[k - 1]
         tokens += run

@@ -79,7 +79,8 @@ class LoopCosts:
 
     def observe(self, outcome: RoundVerified) -> None:
         tune = self.tuning
-        k, n = outcome.k, outcome.forced + outcome.k + 1
+        # (a batch shared with other requests costs what all its tokens cost)
+        k, n = outcome.k, outcome.forced + outcome.k + 1 + outcome.others
         self._rounds += 1
         # (a round of forced tokens alone is no measure of the target alone)
         self.since_plain = 0 if n == 1 else self.since_plain + 1

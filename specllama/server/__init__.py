@@ -12,7 +12,8 @@ from .isolation import EngineLost, EngineProcess
 from .jobs import Engine
 from .prompts import Defaults
 from .runner import ServeError, is_loopback, listen, serve
+from .slots import Slots
 from .worker import Totals
 
 __all__ = ["Defaults", "Engine", "EngineLost", "EngineProcess", "ServeConfig", "ServeError",
-           "Totals", "is_loopback", "listen", "serve"]
+           "Slots", "Totals", "is_loopback", "listen", "serve"]

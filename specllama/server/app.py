@@ -49,7 +49,8 @@ class ServeConfig:
     drafters: tuple[str, ...]
     n_ctx: int  # the context window the engine was loaded with
     api_key: str | None = None
-    max_waiting: int = 8  # requests queued behind the one being served; more get 503
+    max_waiting: int = 8  # requests queued behind those being served; more get 503
+    parallel: int = 1  # requests served at once
     target: str = ""  # file names, shown by /v1/models
     draft: str = ""
 
@@ -103,7 +104,8 @@ class _API:
             failure = down.failure()
             body.update(status="unavailable", reason=failure.message,
                         retry_after=failure.retry_after)
-        body.update(busy=w.busy, waiting=w.waiting, requests=w.totals.as_dict(),
+        body.update(busy=w.busy, serving=w.serving, parallel=w.parallel, waiting=w.waiting,
+                    requests=w.totals.as_dict(),
                     cache=w.cache, prompt_cache=asdict(w.prompt_cache),
                     engine_pid=getattr(w.engine, "pid", None))
         return JSONResponse(body, status_code=200 if down is None else 503,

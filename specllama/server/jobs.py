@@ -94,10 +94,13 @@ class Engine:
     """A decoder serving orders one at a time, on the calling thread."""
 
     def __init__(self, decoder: SpeculativeDecoder,
-                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0) -> None:
+                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0,
+                 prompt_cache: PromptCache | None = None) -> None:
+        """prompt_cache: one shared with other engines (slots.py); else one of
+        cache_bytes."""
         self.decoder = decoder
         self._prepare = prepare
-        self.prompt_cache = PromptCache(cache_bytes)
+        self.prompt_cache = prompt_cache or PromptCache(cache_bytes)
         self._history: list[int] = []  # the last prompt + what was generated for it
 
     def prepare(self) -> str | None:

@@ -11,6 +11,7 @@ shared prefix. Copies are bounded in bytes and the least recently used leave fir
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -61,6 +62,7 @@ class PromptCache:
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._bytes = 0
         self.hits = self.misses = self.tokens_restored = 0
+        self._lock = threading.Lock()  # `serve --parallel`: one cache, several slots
 
     def figures(self) -> CacheFigures:
         return CacheFigures(len(self._entries), self._bytes, self.limit_bytes, self.hits,
@@ -72,6 +74,10 @@ class PromptCache:
         prompt where it beats the live caches. Returns the prompt tokens restored."""
         if self.limit_bytes == 0 or not target.can_rewind:
             return 0
+        with self._lock:
+            return self._prepare(prompt, target, draft)
+
+    def _prepare(self, prompt: list[int], target: Model, draft: Model | None) -> int:
         live = shared(target.cached, prompt)
         best, best_key = live, None
         for key in self._entries:

@@ -102,6 +102,7 @@ def serve(
         draft_max=config.draft_max,
         drafters=config.drafters,
         log=log,
+        parallel=config.parallel,
     )
     app = create_app(worker, config, vocab, log)
     server = _Server(

@@ -1,7 +1,8 @@
-"""One engine, many clients: a single worker thread serves jobs from a bounded FIFO queue.
+"""One engine, many clients: worker threads serve jobs from a bounded FIFO queue, one
+thread per request the engine serves at once (`serve --parallel N`, slots.py).
 
 The engine (jobs.Engine, in `specllama serve` inside an engine process: isolation.py)
-blocks while it generates, so it is driven from this thread, never the event loop. Only
+blocks while it generates, so it is driven from these threads, never the event loop. Only
 the events a request reads cross over (a non-streaming one: only the end), and the event
 loop is woken at most once for however many are waiting: every wake-up is a thread
 taking a core from llama.cpp's, whose threads wait for each other at every step
@@ -10,7 +11,7 @@ gone, server stopping) stops at the next round.
 
 When the engine process dies (its RPC server lost or hung, llama.cpp aborted, the OOM
 killer), the request it served answers with the reason, the waiting ones and every new
-one get 503 with Retry-After, and this thread starts another engine, backing off while
+one get 503 with Retry-After, and one thread starts another engine, backing off while
 that fails, until it serves again.
 """
 
@@ -21,14 +22,14 @@ import math
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import Event, Finished, SpecLlamaError, Stats, TargetToken, TokensAccepted
+from .. import Event, SpecLlamaError, Stats
+from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable
 from .isolation import EngineLost, EngineProcess
-from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Evaluated, Failure, Order, Outcome
+from .jobs import SHUTTING_DOWN, Evaluated, Failure, Order, Outcome
 from .metrics import Metrics
 from .promptcache import CacheFigures
 from .prompts import Work
@@ -42,95 +43,6 @@ class Decoding(Protocol):
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome: ...
     def close(self) -> None: ...
-
-
-class QueueFull(Exception):
-    """Too many requests are waiting; `retry_after` is a guess in seconds."""
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"{retry_after}")
-        self.retry_after = retry_after
-
-
-class ShuttingDown(Exception):
-    """The server is stopping and takes no more work."""
-
-
-class Unavailable(Exception):
-    """The engine is down (being started again): `failure` is the 503 to answer."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-_END = object()
-
-
-class Job:
-    """One request's generation, seen from both sides. `stream`: the request reads the
-    text as it comes; otherwise only the end (Finished or a Failure) is handed over."""
-
-    def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, label: str,
-                 stream: bool = True) -> None:
-        self.work = work
-        self.label = label
-        self.stream = stream
-        self._loop = loop
-        self._wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if stream else ()))
-        self._pending: deque[Any] = deque()
-        self._ready = asyncio.Event()  # set on the event loop only
-        self._lock = threading.Lock()
-        self._woken = False  # a wake-up is on its way to the event loop
-        self._cancelled = threading.Event()
-        self.on_cancel: Callable[[], None] | None = None  # tells the engine, once it runs
-        self.submitted = time.perf_counter()
-        self.queue_s = 0.0
-        self.first_token_s: float | None = None  # from arrival (streamed requests)
-
-    def cancel(self) -> None:
-        """Stop at the next round (or never start); safe from any thread, any time."""
-        self._cancelled.set()
-        if self.on_cancel is not None:
-            self.on_cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def put(self, item: Any) -> None:  # worker thread
-        """Hand an event (if the request reads it), a Failure or the end over."""
-        if self.first_token_s is None and isinstance(item, (TokensAccepted, TargetToken)):
-            self.first_token_s = time.perf_counter() - self.submitted
-        if item is not _END and not isinstance(item, (Failure, *self._wanted)):
-            return
-        self._pending.append(item)
-        with self._lock:
-            if self._woken:
-                return
-            self._woken = True
-        try:
-            self._loop.call_soon_threadsafe(self._ready.set)
-        except RuntimeError:  # the event loop is gone: nobody is listening any more
-            pass
-
-    async def batches(self) -> AsyncIterator[list[Event | Failure]]:
-        """What the worker handed over since the last batch, in order, until the end."""
-        while True:
-            await self._ready.wait()
-            self._ready.clear()
-            with self._lock:
-                self._woken = False  # before draining: a later put() wakes us again
-            batch: list[Event | Failure] = []
-            while self._pending:
-                item = self._pending.popleft()
-                if item is _END:
-                    if batch:
-                        yield batch
-                    return
-                batch.append(item)
-            if batch:
-                yield batch
 
 
 @dataclass
@@ -180,8 +92,11 @@ class Worker:
         draft_max: int | str,
         drafters: tuple[str, ...],
         log: Callable[[str], None] | None = None,
+        parallel: int = 1,
     ) -> None:
+        """parallel: requests the engine serves at once."""
         self.engine = engine
+        self.parallel = parallel
         self._prepared = threading.Event()
         self.draft_max = draft_max
         self.drafters = drafters
@@ -190,9 +105,10 @@ class Worker:
         self._log = log or (lambda _: None)
         self.max_waiting = max_waiting
         self._jobs: queue.Queue[Job | None] = queue.Queue()  # bounded by submit()
-        self._in_flight = 0  # submitted and not yet done: the one served + the waiting
+        self._in_flight = 0  # submitted and not yet done: those served + the waiting
         self._lock = threading.Lock()
-        self._current: Job | None = None
+        self._current: set[Job] = set()
+        self._restarting = threading.Lock()  # one thread starts a lost engine again
         self._closing = False
         self._stop = threading.Event()  # ends a back-off wait at once
         self._orders = 0
@@ -200,12 +116,16 @@ class Worker:
         # /health's "cache": the KV caches against the last request after it
         self.cache: dict[str, int | bool] = {"history": 0, "consistent": True}
         self.prompt_cache = CacheFigures()  # as the engine last told (empty after a restart)
-        self._thread = threading.Thread(target=self._run, name="specllama-decoder", daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
+                                          name=f"specllama-decoder-{i}")
+                         for i in range(parallel)]
+        self._running = parallel  # threads not yet ended: the last one closes the engine
 
     # ------------------------------------------------------------ event-loop side
     def start(self) -> None:
         """Start the decoding thread; returns once it has run the engine's `prepare`."""
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         self._prepared.wait()
 
     @property
@@ -214,7 +134,12 @@ class Worker:
 
     @property
     def busy(self) -> bool:
-        return self._current is not None
+        return bool(self._current)
+
+    @property
+    def serving(self) -> int:
+        """Requests being generated now (at most `parallel`)."""
+        return len(self._current)
 
     def submit(self, work: Work, label: str, stream: bool = True) -> Job:
         job = Job(work, asyncio.get_running_loop(), label, stream)
@@ -225,7 +150,7 @@ class Worker:
             if self.down is not None:
                 self.totals.rejected += 1
                 raise Unavailable(self.down.failure())
-            if self._in_flight > self.max_waiting:
+            if self._in_flight >= self.max_waiting + self.parallel:
                 self.totals.rejected += 1
                 raise QueueFull(self._retry_after())
             self._in_flight += 1
@@ -236,7 +161,7 @@ class Worker:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
         done = self.totals.completed + self.totals.cancelled + self.totals.failed
         mean = self.totals.busy_s / done if done else 1.0
-        return max(1, math.ceil(mean * self._in_flight))
+        return max(1, math.ceil(mean * self._in_flight / self.parallel))
 
     def stop_accepting(self) -> None:
         """From now on new and waiting requests are answered 'shutting down'.
@@ -244,48 +169,57 @@ class Worker:
         self._closing = True
 
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel the current job, turn away the waiting ones, stop the thread (and
-        with it the engine)."""
+        """Cancel the current jobs, turn away the waiting ones, stop the threads (and
+        with them the engine)."""
         self._closing = True
         self._stop.set()
-        current = self._current
-        if current is not None:
-            current.cancel()
-        if self._thread.is_alive():
+        for job in list(self._current):
+            job.cancel()
+        for _ in self._threads:
             self._jobs.put(None)
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
         if isinstance(self.engine, EngineProcess):
-            self.engine.kill()  # a no-op unless the thread is stuck
+            self.engine.kill()  # a no-op unless a thread is stuck
 
-    # ------------------------------------------------------------ worker thread
-    def _run(self) -> None:
-        # Every llama.cpp decode of an in-process engine happens on this thread,
-        # `prepare`'s too: llama.cpp's OpenMP keeps a team of threads per thread that
-        # ever decoded, and decodes here ran at 0.6x (2 cores) once the main thread had
-        # decoded as well.
-        try:
-            why = self.engine.prepare()
-            if why:
-                self._log(why)
-        finally:
-            self._prepared.set()
+    # ------------------------------------------------------------ worker threads
+    def _run(self, index: int) -> None:
+        # Every llama.cpp decode of an in-process engine happens on thread 0 (with
+        # --parallel, on the batcher's), `prepare`'s too: llama.cpp's OpenMP keeps a
+        # team of threads per thread that ever decoded, and decodes ran at 0.6x (2
+        # cores) once the main thread had decoded as well.
+        if index == 0:
+            try:
+                why = self.engine.prepare()
+                if why:
+                    self._log(why)
+            finally:
+                self._prepared.set()
+        self._prepared.wait()
         try:
             while (job := self._jobs.get()) is not None:
-                self._current = job
-                lost = None
+                with self._lock:
+                    self._current.add(job)
+                lost, starts = None, getattr(self.engine, "starts", 0)
                 try:
                     self._serve(job)
                 except EngineLost as exc:
                     lost = exc
                 finally:
-                    self._current = None
                     with self._lock:
+                        self._current.discard(job)
                         self._in_flight -= 1
-                    job.put(_END)
+                    job.put(END)
                 if lost is not None:
-                    self._recover(lost)
+                    self._recover(lost, starts)
         finally:
-            self.engine.close()
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0
+            if last:
+                self.engine.close()
 
     def _serve(self, job: Job) -> None:
         started = time.perf_counter()
@@ -300,8 +234,10 @@ class Worker:
             with self._lock:
                 self.totals.cancelled += 1
             return
-        self._orders += 1
-        order = Order(self._orders, job.work, "text" if job.stream else "end",
+        with self._lock:
+            self._orders += 1
+            order_id = self._orders
+        order = Order(order_id, job.work, "text" if job.stream else "end",
                       self.draft_max, self.drafters)
         engine = self.engine
         if isinstance(engine, EngineProcess):
@@ -339,11 +275,18 @@ class Worker:
             self.metrics.finished(result.stats)
         self._log(self._summary(job, result, failed))
 
-    def _recover(self, lost: EngineLost) -> None:
+    def _recover(self, lost: EngineLost, starts: int) -> None:
         """The engine died serving a job (answered already): answer the waiting ones,
-        then start the engine again (backing off) until it serves or the server stops."""
+        then start the engine again (backing off) until it serves or the server stops.
+        Jobs served beside it were lost with it: the first of their threads here does
+        this (`starts`: the engine's starts when the job began), the others wait."""
         engine = self.engine
         assert isinstance(engine, EngineProcess)  # an in-process engine cannot be lost
+        with self._restarting:
+            if engine.starts == starts and not self._stop.is_set():
+                self._restart(lost, engine)
+
+    def _restart(self, lost: EngineLost, engine: EngineProcess) -> None:
         self._log(f"engine lost: {lost}; starting it again")
         delay = 0.0
         while not self._stop.wait(delay):
@@ -376,7 +319,7 @@ class Worker:
             failure = SHUTTING_DOWN if self._closing else (self.down or Down(
                 "starting", False, time.monotonic())).failure()
             job.put(failure)
-            job.put(_END)
+            job.put(END)
             with self._lock:
                 self.totals.rejected += 1
                 self._in_flight -= 1

@@ -75,9 +75,12 @@ class Model(Vocabulary):
         n_threads: int | None = None,
         n_batch: int = 512,
         rpc: Sequence[str] = (),
+        n_seq: int = 1,
     ) -> None:
         """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
-        there instead of this machine's CPU."""
+        there instead of this machine's CPU. n_seq: sequences the context holds at once,
+        each up to n_ctx tokens (`serve --parallel`: batched.py); this object drives
+        sequence 0."""
         backend.init()
         self.path = Path(path)
         # llama.cpp handles (ctypes objects); None once freed
@@ -90,9 +93,11 @@ class Model(Vocabulary):
         self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         model = self._load_model()
         self.n_batch = max(1, min(n_batch, n_ctx))
+        self.n_seq = max(1, n_seq)
+        self.seq = 0  # the sequence id this object decodes into
         ctx = self._create_context(model, n_ctx)
         self._ctx = ctx
-        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_seq
         self._mem = lc.llama_get_memory(ctx)
         # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
         # the end) is read as a stand-in: it costs acceptance, never exactness.
@@ -110,6 +115,8 @@ class Model(Vocabulary):
         self.decode_s = 0.0  # wall time inside llama_decode
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
         self.decode_calls = 0
+        self.others = 0  # tokens of other sequences in the last decode (batched.py)
+        self.companions = 0  # and how many sequences they were
         self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
 
     def _load_model(self) -> Any:
@@ -134,10 +141,13 @@ class Model(Vocabulary):
         """A context of n_ctx tokens, one sequence, batches of n_batch, on the loaded
         model; the model is freed when llama.cpp cannot create it."""
         cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx * self.n_seq
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = self.n_seq
+        # One KV buffer for every sequence: a batch of several sequences is then one
+        # ubatch (separate buffers split it into equal per-sequence slices).
+        cparams.kv_unified = self.n_seq > 1
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         ctx = lc.llama_init_from_model(model, cparams)
@@ -188,23 +198,11 @@ class Model(Vocabulary):
                 self.decode(tokens[i : i + self.n_batch], "none")
             self.decode(tokens[cut:], logits)
             return
-        batch = self._batch
-        batch.n_tokens = len(tokens)
-        want_all = logits == "all"
-        for i, tok in enumerate(tokens):
-            batch.token[i] = tok if tok < self.n_vocab else self._stand_in
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = want_all
-        if logits == "last":
-            batch.logits[len(tokens) - 1] = True
         # Record first: if anything interrupts us, the recovery path trusts the
         # smaller of this list and the cache's real end (pos_max).
         self.cached.extend(tokens)
-        t0 = time.perf_counter()
-        rc = self._decode_remote(batch) if self.rpc else lc.llama_decode(self._ctx, batch)
-        self.decode_s += time.perf_counter() - t0
+        rc, seconds = self._run(tokens, logits, start)
+        self.decode_s += seconds
         self.decode_calls += 1
         if rc != 0:
             del self.cached[start:]
@@ -216,6 +214,35 @@ class Model(Vocabulary):
             raise DecodeError(f"{self.path.name}: llama_decode failed with code {rc} on "
                               f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
         self.tokens_evaluated += len(tokens)
+
+    def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
+        """One llama_decode of `tokens` at positions from `start`: its return code and
+        the seconds it took."""
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        self.fill(batch, 0, tokens, start, logits)
+        t0 = time.perf_counter()
+        rc = self.submit(batch)
+        return rc, time.perf_counter() - t0
+
+    def fill(self, batch: Any, at: int, tokens: list[int], start: int,
+             logits: LogitsWanted) -> None:
+        """Write `tokens` (positions from `start`, this object's sequence) into rows
+        at.. of a llama_batch."""
+        want_all = logits == "all"
+        for i, tok in enumerate(tokens):
+            j = at + i
+            batch.token[j] = tok if tok < self.n_vocab else self._stand_in
+            batch.pos[j] = start + i
+            batch.n_seq_id[j] = 1
+            batch.seq_id[j][0] = self.seq
+            batch.logits[j] = want_all
+        if logits == "last":
+            batch.logits[at + len(tokens) - 1] = True
+
+    def submit(self, batch: Any) -> int:
+        """llama_decode of a filled batch (waiting for remote devices to finish)."""
+        return self._decode_remote(batch) if self.rpc else int(lc.llama_decode(self._ctx, batch))
 
     def _decode_remote(self, batch: Any) -> int:
         with backend.stall_watch(", ".join(self.rpc)):
@@ -274,7 +301,7 @@ class Model(Vocabulary):
 
     def pos_max(self) -> int:
         """Highest position the KV cache really holds (-1 when empty)."""
-        return int(lc.llama_memory_seq_pos_max(self._mem, 0))
+        return int(lc.llama_memory_seq_pos_max(self._mem, self.seq))
 
     def truncate(self, n: int) -> None:
         """Keep the first n cached tokens, drop the rest (trusting `cached`: a cache
@@ -294,26 +321,29 @@ class Model(Vocabulary):
             # report success): rebuild it from the tokens kept. Correct, and rare outside
             # speculation, which refuses such models.
             kept = self.cached[:n]
-            lc.llama_memory_clear(self._mem, True)
+            self.clear()
             del self.cached[:]
             self.decode(kept, "none")
             return
-        if not lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+        if not lc.llama_memory_seq_rm(self._mem, self.seq, n, -1):
             raise KVCacheError(
                 f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
                 "stopping rather than continuing with a cache that holds what it should not"
             )
 
     def clear(self) -> None:
-        lc.llama_memory_clear(self._mem, True)
+        if self.n_seq == 1:
+            lc.llama_memory_clear(self._mem, True)
+        else:
+            lc.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
         self.cached.clear()
 
     def save_state(self) -> KVState:
         """A copy of the KV cache and the tokens it holds (llama.cpp's sequence state),
         for `restore` later, after other prompts have passed through."""
-        size = int(lc.llama_state_seq_get_size(self._ctx, 0))
+        size = int(lc.llama_state_seq_get_size(self._ctx, self.seq))
         buf = (ctypes.c_uint8 * size)()
-        written = int(lc.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        written = int(lc.llama_state_seq_get_data(self._ctx, buf, size, self.seq))
         if written == 0 and self.cached:
             raise KVCacheError(f"{self.path.name}: llama.cpp could not copy its KV cache")
         return KVState(tuple(self.cached), bytes(buf)[:written])
@@ -324,7 +354,7 @@ class Model(Vocabulary):
         if not state.tokens:
             return
         buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
-        if not lc.llama_state_seq_set_data(self._ctx, buf, len(state.data), 0):
+        if not lc.llama_state_seq_set_data(self._ctx, buf, len(state.data), self.seq):
             self.clear()  # llama.cpp may have read part of it
             raise KVCacheError(f"{self.path.name}: llama.cpp could not restore a saved KV cache")
         self.cached[:] = state.tokens

@@ -105,6 +105,10 @@ class RoundVerified:
     #: committed tokens the draft model's cache lacks after this round, beyond the newest
     behind: int = 0
     forced: int = 0  # leading drafts a constraint forced (no source drafted them)
+    #: tokens of other requests verified in the same target batch (`serve --parallel`),
+    #: and how many requests they were
+    others: int = 0
+    companions: int = 0
 
     @property
     def k(self) -> int:

@@ -240,6 +240,8 @@ class Generation:
             work=draft.work,
             behind=self.chain.behind,
             forced=draft.forced,
+            others=self.target.others,
+            companions=self.target.companions,
         )
 
     def _report(self, record: RoundVerified, done: Committed) -> Iterator[Event]:

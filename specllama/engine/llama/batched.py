@@ -1,0 +1,264 @@
+"""Several generations in one target context (`serve --parallel N`).
+
+Each generation runs on its own thread with a `SeqView`: a `Model` to the round loop,
+for one sequence id of a target context that holds N. A view's decode hands its tokens
+to the `Batcher` and waits; once every generation in progress has handed in its share
+(its verify tokens, or a chunk of a new prompt), the batcher decodes them all in one
+llama_decode and each view reads its own rows. So a round of four requests costs one
+target pass of ~4(k+1) tokens, which on a CPU costs far less than four passes
+(docs/performance.md, "Several requests at once").
+
+The draft model is shared the same way: a context of N sequences, each generation's
+draft steps batched with the others' drafting at the same time (a batch fires once
+every generation in progress waits for one: drafts first, then the target's). Every
+llama.cpp computation of the engine runs on the batcher's one thread: llama.cpp's
+OpenMP keeps a spinning team of threads per thread that ever decoded, and two teams on
+the same cores slow each other down.
+
+Exactness: a sequence's rows depend only on its own cells (llama.cpp masks the others'
+out of attention), so each request gets the distribution it would get alone; greedy
+output equal to the request served alone is tested (tests/test_parallel.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ...errors import DecodeError
+from .model import KVState, LogitsWanted, Model
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Share:
+    """One sequence's part of the next batch, and what became of it."""
+
+    view: SeqView
+    tokens: list[int]
+    start: int
+    logits: LogitsWanted
+    done: threading.Event = field(default_factory=threading.Event)
+    offset: int = 0  # its first row in the batch
+    batch_tokens: int = 0
+    batch_seqs: int = 0
+    rc: int = 0
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+
+class Batcher:
+    """The thread that runs every decode of a parallel engine: the target's batches,
+    each fired once every active sequence has handed in its share, and other calls
+    (draft decodes) as they come."""
+
+    def __init__(self, base: Model) -> None:
+        """base: the target, loaded with n_seq sequences (a draft model may join
+        through its own views)."""
+        self.base = base
+        #: Held while a shared context changes: a batch, or a view's cache edit.
+        self.lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._active: set[int] = set()
+        self._shares: dict[int, _Share] = {}
+        self._calls: deque[_Call] = deque()
+        self._closed = False
+        self.batches = 0  # target decodes made, and the tokens in them (for the figures)
+        self.batch_tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="specllama-compute",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ any thread
+    @contextlib.contextmanager
+    def active(self, seq: int) -> Iterator[None]:
+        """While a generation on `seq` is in progress: no batch fires without its share."""
+        with self._cond:
+            self._active.add(seq)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active.discard(seq)
+                self._cond.notify_all()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """fn() on the batcher's thread; its value, or its error raised here."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        job = _Call(fn)
+        with self._cond:
+            if self._closed:
+                raise DecodeError("the engine is closing")
+            self._calls.append(job)
+            self._cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.value
+
+    def hand_in(self, share: _Share) -> _Share:
+        """Put a sequence's tokens into the next batch; returns once it has run."""
+        seq = share.view.seq
+        with self._cond:
+            if self._closed:
+                raise DecodeError("the engine is closing")
+            if seq not in self._active:
+                raise RuntimeError(f"sequence {seq} decodes outside Batcher.active")
+            self._shares[seq] = share
+            self._cond.notify_all()
+        share.done.wait()
+        if share.error is not None:
+            raise share.error
+        return share
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(30)
+
+    # ------------------------------------------------------------ its thread
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._calls and not self._ready():
+                    self._cond.wait()
+                if self._calls:
+                    job: _Call | None = self._calls.popleft()
+                    shares: list[_Share] = []
+                elif self._ready():
+                    job, shares = None, self._next_batch()
+                else:  # closed
+                    self._fail_all(DecodeError("the engine is closing"))
+                    return
+            if job is not None:
+                try:
+                    job.value = job.fn()
+                except BaseException as exc:  # handed to the caller
+                    job.error = exc
+                job.done.set()
+            else:
+                self._fire(shares)
+
+    def _ready(self) -> bool:
+        """Every generation in progress is waiting for a batch."""
+        return bool(self._shares) and self._active <= self._shares.keys()
+
+    def _next_batch(self) -> list[_Share]:
+        """The shares of one model: the draft model's first (the generations drafting
+        then join the others waiting on the target), by sequence id."""
+        models = {id(s.view.shared): s.view.shared for s in self._shares.values()}
+        model = next((m for m in models.values() if m is not self.base), self.base)
+        seqs = sorted(s for s, share in self._shares.items() if share.view.shared is model)
+        return [self._shares.pop(s) for s in seqs]
+
+    def _fire(self, shares: list[_Share]) -> None:
+        base = shares[0].view.shared
+        n = 0
+        try:
+            with self.lock:
+                batch = base._batch
+                for share in shares:
+                    share.offset = n
+                    share.view.fill(batch, n, share.tokens, share.start, share.logits)
+                    n += len(share.tokens)
+                batch.n_tokens = n
+                t0 = time.perf_counter()
+                rc = base.submit(batch)
+                seconds = time.perf_counter() - t0
+        except BaseException as exc:
+            for share in shares:
+                share.error = exc
+                share.done.set()
+            return
+        self.batches += 1
+        self.batch_tokens += n
+        for share in shares:
+            share.rc, share.seconds, share.batch_tokens = rc, seconds, n
+            share.batch_seqs = len(shares)
+            share.done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        items: list[_Call | _Share] = [*self._calls, *self._shares.values()]
+        for item in items:
+            item.error = error
+            item.done.set()
+        self._calls.clear()
+        self._shares.clear()
+
+
+class SeqView(Model):
+    """Sequence `seq` of a model shared through the batcher (the target by default): a
+    Model whose decodes join the next batch (a prompt in chunks of an equal share of
+    the batch, so the others keep streaming while it is read)."""
+
+    def __init__(self, batcher: Batcher, seq: int, shared: Model | None = None) -> None:
+        base = shared or batcher.base  # no load: the shared model's handles
+        self.__dict__.update(base.__dict__)
+        self.seq = seq
+        self.batcher = batcher
+        self.shared = base
+        self.n_batch = max(1, base.n_batch // base.n_seq)
+        self.cached = []
+        self.decode_s = 0.0
+        self.tokens_evaluated = 0
+        self.decode_calls = 0
+        self._offset = 0
+        self._rows = 0
+        self.others = 0  # as Model's: auto prices a round with the batch it joins
+        self.companions = 0
+
+    def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
+        share = self.batcher.hand_in(_Share(self, tokens, start, logits))
+        self._offset, self._rows = share.offset, len(tokens)
+        self.others = share.batch_tokens - len(tokens)
+        self.companions = share.batch_seqs - 1
+        return share.rc, share.seconds
+
+    def logits_row(self, i: int) -> np.ndarray:
+        # Nothing decodes the target again before this sequence hands in its next share.
+        return super().logits_row(self._offset + (i if i >= 0 else self._rows + i))
+
+    def pos_max(self) -> int:
+        with self.batcher.lock:
+            return super().pos_max()
+
+    def _drop_from(self, n: int) -> None:
+        with self.batcher.lock:
+            super()._drop_from(n)
+
+    def clear(self) -> None:
+        with self.batcher.lock:
+            super().clear()
+
+    def save_state(self) -> KVState:
+        with self.batcher.lock:
+            return super().save_state()
+
+    def restore(self, state: KVState) -> None:
+        with self.batcher.lock:
+            super().restore(state)
+
+    def set_threads(self, n_threads: int) -> None:
+        self.batcher.call(lambda: self.shared.set_threads(n_threads))
+        self.n_threads = self.shared.n_threads
+
+    def close(self) -> None:
+        """The base (the owner of the context) is closed by whoever made the batcher."""

@@ -1,0 +1,119 @@
+"""Several requests at once on one engine (`serve --parallel N`): N slots.
+
+A slot is an `Engine` whose decoder's models are one sequence each of a target context
+and a draft context that hold N (engine/llama/batched.py); all share one prompt cache.
+A request takes the free slot whose cache shares the longest prefix with its prompt (a
+conversation's next turn finds its own), and runs there on the caller's thread while
+the batcher decodes every slot's drafts, then rounds, together. With N = 1 there is one
+plain Engine, as before: its decodes run on the calling thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .. import Event, SpeculativeDecoder
+from ..engine.drafting.draftcache import DraftCache
+from ..engine.llama.batched import Batcher, SeqView
+from .jobs import Engine, Evaluated, Order, Outcome
+from .promptcache import CacheFigures, PromptCache, shared
+
+
+class Slots:
+    """N engines sharing one target context; `run` is safe from N threads at once."""
+
+    def __init__(self, decoder: SpeculativeDecoder, n: int,
+                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0) -> None:
+        """decoder: its models loaded with n sequences (Model(n_seq=n)) when n > 1."""
+        self.n = n
+        self.prompt_cache = PromptCache(cache_bytes)
+        self._first = Engine(decoder, prepare, prompt_cache=self.prompt_cache)
+        self.batcher: Batcher | None = None
+        self.engines = [self._first]
+        if n > 1:
+            assert decoder.target.n_seq >= n, "load the models with n_seq=n"
+            assert decoder.draft is None or decoder.draft.n_seq >= n, "the draft too"
+            self.batcher = Batcher(decoder.target)
+        self._free = list(range(n))
+        self._cond = threading.Condition()
+
+    def prepare(self) -> str | None:
+        """Measure auto's costs (on the thread that decodes), then make the other slots."""
+        if self.batcher is None:
+            return self._first.prepare()
+        why = self.batcher.call(self._first.prepare)
+        first = self._first.decoder
+        first.target.clear()  # (sequence 0: what measuring left)
+        if first.draft is not None:
+            first.draft.clear()
+        self.engines = [self._slot(s) for s in range(self.n)]
+        return why
+
+    def _slot(self, seq: int) -> Engine:
+        """Slot `seq`: its views of the models, auto's measured costs, and the suffix
+        cache: the loaded one (a corpus, a persisted history) in slot 0; the others
+        read its corpus."""
+        first = self._first.decoder
+        assert self.batcher is not None
+        draft = None if first.draft is None else SeqView(self.batcher, seq, first.draft)
+        decoder = SpeculativeDecoder(SeqView(self.batcher, seq), draft, p_min=first.p_min,
+                                     drafters=first.default_drafters,
+                                     cross_vocab=first.cross_vocab)
+        decoder.policy_state = copy.deepcopy(first.policy_state)
+        decoder.threads = first.threads
+        if seq == 0:
+            decoder.suffix_cache = first.suffix_cache
+        else:
+            decoder.suffix_cache = DraftCache()
+            decoder.suffix_cache.corpus = first.suffix_cache.corpus  # read only
+        return Engine(decoder, prompt_cache=self.prompt_cache)
+
+    # --------------------------------------------------------------- serving
+    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
+            cancelled: Callable[[], bool]) -> Outcome:
+        with self._slot_for(list(order.work.tokens)) as engine:
+            return engine.run(order, put, cancelled)
+
+    def call(self, name: str, *args: Any) -> Any:
+        """One of the Engine's CALLS (jobs.py), on a free slot."""
+        with self._slot_for([]) as engine:
+            return getattr(engine, name)(*args)
+
+    @contextlib.contextmanager
+    def _slot_for(self, prompt: list[int]) -> Iterator[Engine]:
+        """The free slot whose cache shares most with `prompt` (waiting for one), held
+        active in the batcher while in use."""
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            best = max(self._free, key=lambda s: shared(
+                self.engines[s].decoder.target.cached, prompt))
+            self._free.remove(best)
+        try:
+            if self.batcher is None:
+                yield self.engines[best]
+            else:
+                with self.batcher.active(best):
+                    yield self.engines[best]
+        finally:
+            with self._cond:
+                self._free.append(best)
+                self._cond.notify()
+
+    def figures(self) -> CacheFigures:
+        return self.prompt_cache.figures()
+
+    def close(self) -> None:
+        first = self._first
+        for seq, engine in enumerate(self.engines):
+            if engine is not first:
+                if seq > 0:
+                    engine.decoder.suffix_cache.path = None  # slot 0 saves the history
+                engine.close()  # views: the contexts stay
+        if self.batcher is not None:
+            self.batcher.close()
+        first.close()
