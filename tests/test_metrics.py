@@ -94,7 +94,7 @@ def test_the_exposition_parses_back():
     m = Metrics()
     m.first_token(0.3)
     text = m.render(requests={"completed": 2, "rejected": 1}, restarts=0,
-                    stats=Stats(tokens=40), waiting=1, busy=True,
+                    stats=Stats(tokens=40), waiting=1, running=1,
                     cache={"history": 50, "target": 49, "draft": 30, "consistent": True},
                     prompt_cache=CacheFigures(entries=2, bytes=4096, limit_bytes=8192, hits=3))
     samples = {(s.name, tuple(s.labels.items())): s.value

@@ -71,7 +71,7 @@ class Metrics:
                 self.per_token.observe(stats.generate_s / stats.tokens)
 
     def render(self, *, requests: dict[str, int], restarts: int, stats: Stats,
-               waiting: int, busy: bool, cache: dict[str, int | bool],
+               waiting: int, running: int, cache: dict[str, int | bool],
                prompt_cache: CacheFigures) -> str:
         """The whole exposition: `requests` by status, `stats` summed over requests."""
         with self._lock:
@@ -97,9 +97,9 @@ class Metrics:
                              "times the engine process was started again after a fault",
                              [({}, restarts)]),
                     *_family("specllama_requests_waiting", "gauge",
-                             "requests queued behind the one in progress", [({}, waiting)]),
+                             "requests queued behind those in progress", [({}, waiting)]),
                     *_family("specllama_requests_running", "gauge",
-                             "requests being generated", [({}, int(busy))]),
+                             "requests being generated", [({}, running)]),
                     *_family("specllama_kv_cache_tokens", "gauge",
                              "tokens each model's KV cache holds after the last request",
                              [({"model": m}, cache[m]) for m in ("target", "draft")
@@ -131,7 +131,7 @@ def exposition(worker: Worker) -> str:
         restarts, stats = t.engine_restarts, Stats()
         stats.merge(t.stats)
     return worker.metrics.render(requests=requests, restarts=restarts, stats=stats,
-                                 waiting=worker.waiting, busy=worker.busy,
+                                 waiting=worker.waiting, running=worker.serving,
                                  cache=worker.cache, prompt_cache=worker.prompt_cache)
 
 

@@ -75,6 +75,7 @@ class Slots:
     # --------------------------------------------------------------- serving
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
+        assert len(self.engines) == self.n, "prepare() makes the slots"
         with self._slot_for(list(order.work.tokens)) as engine:
             return engine.run(order, put, cancelled)
 

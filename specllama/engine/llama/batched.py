@@ -79,7 +79,7 @@ class Batcher:
         self._shares: dict[int, _Share] = {}
         self._calls: deque[_Call] = deque()
         self._closed = False
-        self.batches = 0  # target decodes made, and the tokens in them (for the figures)
+        self.batches = 0  # decodes made (target and draft), and the tokens in them
         self.batch_tokens = 0
         self._thread = threading.Thread(target=self._loop, name="specllama-compute",
                                         daemon=True)

@@ -166,11 +166,12 @@ class Generation:
 
     def _draft_limit(self) -> int | None:
         """The most tokens this round may draft; None when the context is full.
-        Verifying [last, d1..dk] needs positions up to len(committed) + k - 1."""
+        Verifying [last, d1..dk] needs positions up to len(committed) + k - 1, and one
+        batch with every row's logits (a long forced run is verified over rounds)."""
         room = self.n_ctx - len(self.committed)
         if room < 0:
             return None
-        return min(self.max_tokens - len(self.generated) - 1, room)
+        return min(self.max_tokens - len(self.generated) - 1, room, self.target.n_batch - 1)
 
     def _verify(self, draft: Draft) -> tuple[Verdict, Rows]:
         """One target pass over [last, d1..dk] gives p_1..p_{k+1}; the exact rule."""
