@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 from bench.common import parser, run
 from specllama.policy import AutoDraftLength, AutoState, AutoTuning
@@ -66,6 +67,7 @@ def calls(texts: list[Text], tuning: AutoTuning, spikes: float = 0.0,
     calibrated = [F32_CALIBRATED_MS[0] * t1_off, *F32_CALIBRATED_MS[1:]]
 
     class Decoder:  # what AutoDraftLength.for_decoder reads
+        target = SimpleNamespace(others=0, companions=0)  # alone in its batches
         policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in calibrated)),
                                           F32_DRAFT_CURVE, tuning=tuning)}
 

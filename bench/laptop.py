@@ -43,6 +43,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench.common import parser, run
 from specllama.engine.loop.events import RoundVerified
@@ -158,6 +159,7 @@ def auto_run(texts: list[Text], machine: Machine, tuning: AutoTuning | None = No
     draft = CostCurve((machine.step_ms * 1e-3, (machine.step_ms + machine.catch_up_ms) * 1e-3))
 
     class Decoder:  # what AutoDraftLength.for_decoder reads
+        target = SimpleNamespace(others=0, companions=0)  # alone in its batches
         policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in machine.loop_ms)),
                                           draft, tuning=tuning)}
 

@@ -2,6 +2,7 @@
 switching it or moving its number; AutoTuning from the environment; the stats' line."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from simulated import outcome
@@ -82,6 +83,7 @@ def after_a_new_call(carry_over: float) -> float:
 
     class Decoder:
         policy_state = {"auto": st}
+        target = SimpleNamespace(others=0, companions=0)
 
     policy = AutoDraftLength.for_decoder(Decoder())
     for _ in range(10):
@@ -105,6 +107,7 @@ def test_for_decoder_carries_over_the_confidence_evidence_too():
 
     class Decoder:
         policy_state = {"auto": st}
+        target = SimpleNamespace(others=0, companions=0)
 
     AutoDraftLength.for_decoder(Decoder())
     assert st.confidence.evidence == pytest.approx(before * DEFAULT.carry_over)

@@ -1,8 +1,10 @@
 """Draft-length policies: the cost model as pure functions, the auto policy's
 decisions on synthetic costs and outcomes, and auto against real tiny models."""
 
+import dataclasses
 import itertools
 import random
+from types import SimpleNamespace
 
 import pytest
 from simulated import auto_speedup, fixed_speedups, model_draft, outcome, texts_for
@@ -375,6 +377,7 @@ def test_auto_state_survives_calls_and_keeps_caches(dec):
 def test_for_decoder_reuses_state():
     class Dec:
         policy_state = {"auto": state_for(FLAT_RATIOS)}
+        target = SimpleNamespace(others=0, companions=0)
 
     policy = make_policy("auto", Dec())
     assert isinstance(policy, AutoDraftLength)
@@ -409,7 +412,8 @@ def test_auto_leaves_a_long_prompt_to_the_draft_model_only_if_catching_up_pays()
     def policy_for(behind: int) -> tuple[AutoDraftLength, bool]:
         st = state_for(FLAT_RATIOS, t1=0.04, draft_ratio=0.3, catch_up=0.0032)
         fixed_acceptance(st, "model", alpha_for(st, 1.3))
-        policy = AutoDraftLength.for_decoder(type("Dec", (), {"policy_state": {"auto": st}})())
+        policy = AutoDraftLength.for_decoder(SimpleNamespace(
+            policy_state={"auto": st}, target=SimpleNamespace(others=0, companions=0)))
         return policy, policy.may_draft("model", behind)
 
     policy, may = policy_for(10)
@@ -834,3 +838,43 @@ def test_auto_cuts_a_lookup_chain_where_the_copies_stop_agreeing():
     assert lookup_cut(policy, [1.0, 1.0]) == 2
     # the model's confidence and the lookups' shares are learnt apart
     assert st.confidence_of("lookup-long") is not st.confidence
+
+
+# ------------------------------------------------------------ a batch shared with others
+
+
+# A CPU-like curve: each token of a batch costs 0.3 of a step (and a batch of 24 is known).
+LINEAR_RATIOS = [1.0 + 0.3 * n for n in range(24)]
+
+
+def test_in_a_shared_batch_drafts_must_raise_the_batchs_rate():
+    """`serve --parallel`: 3 other requests' tokens in the same batch, each emitting one.
+    Drafts that pay alone (1.4x) lower the batch's rate there: 5.4 tokens for T(6)
+    against 4 for T(4)."""
+    t1, step = 0.01, 0.0005
+    alone = RoundCosts(tuple(t1 * r for r in LINEAR_RATIOS[:16]), step)
+    assert decide(0.8, alone).k > 0
+    in_batch = RoundCosts(tuple(t1 * r for r in LINEAR_RATIOS[3:19]), step, shared=3.0)
+    assert decide(0.8, in_batch).k == 0
+    assert expected_rate(0.8, 0, in_batch) == pytest.approx(4 / (t1 * LINEAR_RATIOS[3]))
+    # where widening a batch costs next to nothing, drafting pays in it too
+    flat = RoundCosts(tuple(t1 * (1 + 0.02 * n) for n in range(3, 19)), step, shared=3.0)
+    assert decide(0.8, flat).k > 0
+
+
+@pytest.mark.parametrize(("others", "drafts"), [(0, True), (3, False)])
+def test_auto_prices_a_round_with_the_batch_it_joins(others, drafts):
+    """The same acceptance (every draft accepted) and costs: alone auto drafts; with three
+    other requests in each batch it keeps to plain steps (a probe now and then)."""
+    policy = AutoDraftLength(state_for(LINEAR_RATIOS, draft_ratio=0.05),
+                             batch=lambda: (others, others))
+    ks = []
+    for _ in range(40):
+        k, rows = model_draft(policy, policy.choose("model"), [0.95] * 16)
+        ks.append(k)
+        st = policy.state
+        record = outcome(k, k, "model", st.target.t(others + k + 1),
+                         rows * st.costs("model").draft)
+        policy.observe(dataclasses.replace(record, others=others, companions=others))
+    drafted = sum(k > 0 for k in ks[10:])
+    assert drafted >= 25 if drafts else drafted <= 5

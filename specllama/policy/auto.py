@@ -16,6 +16,7 @@ each draft ends is the stop rule's (`stoprule`). Every tuned number is a field o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -68,8 +69,9 @@ class AutoDraftLength:
     _expected_s: float = 0.0
     _alone_s: float = 0.0  # the target alone, for the same expected tokens
     _behind: int = 0  # committed tokens the draft model lacks (RoundVerified.behind)
-    _others: int = 0  # other requests' tokens in the last round's batch (RoundVerified)
-    _companions: int = 0  # and how many requests
+    #: Other requests' tokens in the target's last batch, and how many requests they
+    #: were (`serve --parallel`; read afresh each round, the first one included).
+    batch: Callable[[], tuple[int, int]] = lambda: (0, 0)
     _deferred: int = 0  # prompt tokens left to the draft model (may_draft) until it drafts
     _model_asked: bool = False  # the draft model is in play in this call (hybrid drafting)
     _stop: StopRule = field(init=False)  # where this call's drafts end
@@ -97,7 +99,8 @@ class AutoDraftLength:
         state.confidence.forget(keep)
         for known in state.lookup_confidence.values():
             known.forget(keep)
-        return cls(state)
+        target = decoder.target
+        return cls(state, batch=lambda: (target.others, target.companions))
 
     def _margin(self) -> float:
         return self.tuning.margin if self.margin is None else self.margin
@@ -115,13 +118,14 @@ class AutoDraftLength:
         """A source's round costs; a paused draft model's with its catch-up on the
         `behind` tokens it missed, spread over the rounds resuming enables."""
         costs = src.costs
-        if self._others:
+        others, companions = self.batch()
+        if others:
             # The batch this round joins: k drafts cost T(others + k + 1), and the rate
             # to beat is the batch's, each other request emitting a token at least.
             loop = self.state.loop
-            costs = replace(costs, target=tuple(loop.t(self._others + n)
+            costs = replace(costs, target=tuple(loop.t(others + n)
                                                 for n in range(1, len(costs.target) + 1)),
-                            shared=float(self._companions))
+                            shared=float(companions))
         if src is self.state.sources["model"] and not src.drafting and behind:
             catch_up = self.state.loop.catch_up_s(behind)
             costs = replace(costs, draft_wake=costs.draft_wake
@@ -249,7 +253,6 @@ class AutoDraftLength:
         self._rounds += 1
         self._expect(outcome, source)
         self._behind = outcome.behind
-        self._others, self._companions = outcome.others, outcome.companions
         if self._behind < self._deferred:  # caught up on the prompt
             self._deferred = 0
         self.state.learn_costs(outcome)
