@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -224,3 +225,49 @@ def test_no_engine_process_outlives_the_server(local, sig):
     if sig == signal.SIGTERM:
         assert server.proc.returncode == 0
         assert "stopped: 1 completed" in server.stderr
+
+
+def test_with_parallel_requests_an_engine_death_fails_each_once_and_one_restart_follows(
+        tiny_target, tiny_draft, tmp_path):
+    """`--parallel 3`: the engine process dies while three streams are in flight. Each
+    ends with its own error event and [DONE]; the engine is started again once, by one
+    of the three threads, and all three threads go on serving (three requests at once)."""
+    server = ServerProcess(["--target", tiny_target, "--draft", tiny_draft, "--threads", 1,
+                            "--n-ctx", 512, "--draft-max", 3, "--parallel", 3], tmp_path)
+    try:
+        expected = complete(server).json()["choices"][0]["text"]
+        pid = health(server).json()["engine_pid"]
+        ends: list[list[str]] = []
+        started = threading.Barrier(4)
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60, json={
+                "model": server.model, "prompt": PROMPT, "temperature": 0, "max_tokens": 480,
+                "stream": True,
+            }) as r:
+                lines = (line for line in r.iter_lines() if line.startswith("data: "))
+                next(lines)
+                started.wait(30)
+                ends.append(list(lines)[-2:])
+
+        clients = [threading.Thread(target=stream) for _ in range(3)]
+        for c in clients:
+            c.start()
+        started.wait(30)
+        assert health(server).json()["serving"] == 3
+        os.kill(pid, signal.SIGKILL)
+        for c in clients:
+            c.join(60)
+        assert len(ends) == 3
+        for end in ends:
+            assert end[-1] == "data: [DONE]"
+            assert json.loads(end[0][6:])["error"]["message"].startswith(
+                "generation failed: the engine process was killed (SIGKILL)")
+        h = wait_until_serving(server)
+        assert h["requests"]["engine_restarts"] == 1 and h["requests"]["failed"] == 3
+        with ThreadPoolExecutor(3) as pool:
+            again = list(pool.map(lambda _: complete(server), range(3)))
+        assert [r.json()["choices"][0]["text"] for r in again] == [expected] * 3
+        assert "Traceback" not in server.stderr
+    finally:
+        server.kill()

@@ -92,7 +92,7 @@ class EngineProcess:
             self.kill()
             raise message.error
         assert isinstance(message, Ready)
-        self._link = Link(ours)
+        self._link = Link(ours, proc)
         self.pid = message.pid
         return message.info
 
@@ -120,7 +120,7 @@ class EngineProcess:
                 if isinstance(message, Outcome):
                     return
         except (EOFError, OSError):
-            raise self._lost() from None
+            raise self._lost(link) from None
 
     def call(self, name: str, *args: Any) -> Any:
         """One of the Engine's CALLS, in the child; its value, or its error raised here."""
@@ -131,7 +131,7 @@ class EngineProcess:
         try:
             reply = next(replies)
         except (EOFError, OSError, StopIteration):
-            raise self._lost() from None
+            raise self._lost(link) from None
         finally:
             replies.close()
         assert isinstance(reply, Reply)
@@ -168,12 +168,15 @@ class EngineProcess:
             self._link = None
         self._dead = proc
 
-    def _lost(self) -> EngineLost:
-        """Why the child is gone: its last words, else its exit status."""
-        proc = self._proc or self._dead
+    def _lost(self, link: Link | None = None) -> EngineLost:
+        """Why the child is gone (the one at the end of `link`, else the last one
+        started): its last words, else its exit status. (Another thread may be starting
+        the next child meanwhile: hence the link's own process.)"""
+        proc = link.proc if link is not None else self._proc or self._dead
         if proc is not None:
             proc.join(5)
-        words = self._link.last_words if self._link is not None else self._words
+        known = link or self._link
+        words = known.last_words if known is not None else self._words
         if words is not None:
             return EngineLost(words.message, words.remote)
         code = proc.exitcode if proc is not None else None

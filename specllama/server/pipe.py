@@ -61,8 +61,10 @@ GONE = object()  # the child is gone: every order waiting hears it
 class Link:
     """One child's pipe: a reader thread hands each message to the order it belongs to."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, proc: Any = None) -> None:
+        """proc: the child at the other end (its exit status says why it is gone)."""
         self.conn = conn
+        self.proc = proc
         self.last_words: LastWords | None = None  # from llama.cpp's abort, if it came
         self._queues: dict[int, queue.SimpleQueue[Any]] = {}
         self._lock = threading.Lock()  # the queues, and sending

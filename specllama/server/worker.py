@@ -207,6 +207,11 @@ class Worker:
                     self._serve(job)
                 except EngineLost as exc:
                     lost = exc
+                except Exception as exc:  # a defect of ours: this request fails, not the thread
+                    job.put(Failure.of(exc))
+                    with self._lock:
+                        self.totals.failed += 1
+                    self._log(f"{job.label}: failed: {type(exc).__name__}: {exc}")
                 finally:
                     with self._lock:
                         self._current.discard(job)
@@ -240,14 +245,17 @@ class Worker:
         order = Order(order_id, job.work, "text" if job.stream else "end",
                       self.draft_max, self.drafters)
         engine = self.engine
+        starts = getattr(engine, "starts", 0)
         if isinstance(engine, EngineProcess):
             job.on_cancel = lambda: engine.cancel(order.id)
         try:
             outcome = engine.run(order, job.put, lambda: job.cancelled)
         except EngineLost as lost:
-            with self._lock:  # from now on new requests get 503
-                self.down = Down(str(lost), lost.remote, time.monotonic())
-            job.put(self.down.failure() if lost.remote else Failure(
+            down = Down(str(lost), lost.remote, time.monotonic())
+            with self._lock:  # from now on new requests get 503 (unless another thread
+                if getattr(engine, "starts", 0) == starts:  # has started it again)
+                    self.down = down
+            job.put(down.failure() if lost.remote else Failure(
                 500, f"generation failed: {lost}; the engine is being restarted"))
             self._account(job, started, None, lost)
             raise
