@@ -867,7 +867,7 @@ def test_auto_prices_a_round_with_the_batch_it_joins(others, drafts):
     """The same acceptance (every draft accepted) and costs: alone auto drafts; with three
     other requests in each batch it keeps to plain steps (a probe now and then)."""
     policy = AutoDraftLength(state_for(LINEAR_RATIOS, draft_ratio=0.05),
-                             batch=lambda: (others, others))
+                             companions=lambda: others)
     ks = []
     for _ in range(40):
         k, rows = model_draft(policy, policy.choose("model"), [0.95] * 16)

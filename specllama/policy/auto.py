@@ -69,9 +69,9 @@ class AutoDraftLength:
     _expected_s: float = 0.0
     _alone_s: float = 0.0  # the target alone, for the same expected tokens
     _behind: int = 0  # committed tokens the draft model lacks (RoundVerified.behind)
-    #: Other requests' tokens in the target's last batch, and how many requests they
-    #: were (`serve --parallel`; read afresh each round, the first one included).
-    batch: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    #: Other requests in the target's last batch (`serve --parallel`; read afresh each
+    #: round, the first one included).
+    companions: Callable[[], int] = lambda: 0
     _deferred: int = 0  # prompt tokens left to the draft model (may_draft) until it drafts
     _model_asked: bool = False  # the draft model is in play in this call (hybrid drafting)
     _stop: StopRule = field(init=False)  # where this call's drafts end
@@ -100,7 +100,7 @@ class AutoDraftLength:
         for known in state.lookup_confidence.values():
             known.forget(keep)
         target = decoder.target
-        return cls(state, batch=lambda: (target.others, target.companions))
+        return cls(state, companions=lambda: target.companions)
 
     def _margin(self) -> float:
         return self.tuning.margin if self.margin is None else self.margin
@@ -118,12 +118,13 @@ class AutoDraftLength:
         """A source's round costs; a paused draft model's with its catch-up on the
         `behind` tokens it missed, spread over the rounds resuming enables."""
         costs = src.costs
-        others, companions = self.batch()
-        if others:
-            # The batch this round joins: k drafts cost T(others + k + 1), and the rate
-            # to beat is the batch's, each other request emitting a token at least.
+        companions = self.companions()
+        if companions:
+            # The batch this round joins, each other request in it verifying a token and
+            # emitting one (at least; its prompt chunk, if any, is a one-off): k drafts
+            # cost T(companions + k + 1), and must raise the whole batch's rate.
             loop = self.state.loop
-            costs = replace(costs, target=tuple(loop.t(others + n)
+            costs = replace(costs, target=tuple(loop.t(companions + n)
                                                 for n in range(1, len(costs.target) + 1)),
                             shared=float(companions))
         if src is self.state.sources["model"] and not src.drafting and behind:
