@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import multiprocessing
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,6 +59,9 @@ class EngineProcess:
         self._calls = itertools.count(-1, -1)
         self.pid: int | None = None
         self._dead: Any = None  # the last child, once killed (for its exit status)
+        # Two threads reaping one child at once: one waitpid gets its status, the other
+        # an error, and multiprocessing then reports no exit status at all.
+        self._reaping = threading.Lock()
         self.starts = 0
 
     def start(self) -> Any:
@@ -161,7 +165,8 @@ class EngineProcess:
         if proc is not None and proc.is_alive():
             proc.kill()
         if proc is not None:
-            proc.join(5)
+            with self._reaping:
+                proc.join(5)
         if self._link is not None:
             self._words = self._link.last_words or self._words
             self._link.conn.close()
@@ -174,7 +179,8 @@ class EngineProcess:
         the next child meanwhile: hence the link's own process.)"""
         proc = link.proc if link is not None else self._proc or self._dead
         if proc is not None:
-            proc.join(5)
+            with self._reaping:
+                proc.join(5)
         known = link or self._link
         words = known.last_words if known is not None else self._words
         if words is not None:
