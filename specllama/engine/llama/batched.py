@@ -49,7 +49,6 @@ class _Share:
     done: threading.Event = field(default_factory=threading.Event)
     offset: int = 0  # its first row in the batch
     batch_tokens: int = 0
-    batch_seqs: int = 0
     rc: int = 0
     seconds: float = 0.0
     error: BaseException | None = None
@@ -97,6 +96,10 @@ class Batcher:
             with self._cond:
                 self._active.discard(seq)
                 self._cond.notify_all()
+
+    def in_progress(self) -> int:
+        """Generations in progress (each active sequence)."""
+        return len(self._active)
 
     def call(self, fn: Callable[[], T]) -> T:
         """fn() on the batcher's thread; its value, or its error raised here."""
@@ -192,7 +195,6 @@ class Batcher:
         self.batch_tokens += n
         for share in shares:
             share.rc, share.seconds, share.batch_tokens = rc, seconds, n
-            share.batch_seqs = len(shares)
             share.done.set()
 
     def _fail_all(self, error: BaseException) -> None:
@@ -222,15 +224,20 @@ class SeqView(Model):
         self.decode_calls = 0
         self._offset = 0
         self._rows = 0
-        self.others = 0  # as Model's: auto prices a round with the batch it joins
-        self.companions = 0
+        self.others = 0  # as Model's
+        self.__dict__.pop("companions")  # (a property here, read live)
 
     def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
         share = self.batcher.hand_in(_Share(self, tokens, start, logits))
         self._offset, self._rows = share.offset, len(tokens)
         self.others = share.batch_tokens - len(tokens)
-        self.companions = share.batch_seqs - 1
         return share.rc, share.seconds
+
+    @property
+    def companions(self) -> int:  # type: ignore[override]
+        """The other requests in progress now: the next batch's, for auto to price
+        a round with (those that arrived since the last batch included)."""
+        return self.batcher.in_progress() - 1
 
     def logits_row(self, i: int) -> np.ndarray:
         # Nothing decodes the target again before this sequence hands in its next share.

@@ -116,7 +116,7 @@ class Model(Vocabulary):
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
         self.decode_calls = 0
         self.others = 0  # tokens of other sequences in the last decode (batched.py)
-        self.companions = 0  # and how many sequences they were
+        self.companions = 0  # other requests in progress (batched.py)
         self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
 
     def _load_model(self) -> Any:
