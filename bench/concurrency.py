@@ -1,11 +1,12 @@
 """Several clients at once: `specllama serve --parallel N` beside `--parallel 1` and
 `llama-server -np N` (with and without its draft model), on the same pair.
 
-Every server is up at once (an idle one uses no CPU) and warmed by one request. Then,
-per repetition, each server in turn gets C clients at once, each one streamed chat
-request of --max-tokens, and one single client alone (the time to first token to
-compare with). Each repetition's prompts are new topics (none seen in an earlier
-repetition: no suffix cache or prompt cache helps), the same for every server. Figures
+Per repetition every server starts afresh (nothing drafts from an earlier repetition's
+output: specllama's suffix cache and both servers' KV caches start empty), all at once
+(an idle one uses no CPU), each warmed by one request. Then, per temperature, each
+server in turn gets C clients at once, each one streamed chat request of --max-tokens,
+and one single client alone (the time to first token to compare with). The prompts are
+new topics at each repetition and temperature, the same for every server. Figures
 per server and temperature: aggregate tokens/s (all completion tokens over the wall time
 from the first request sent to the last byte of the last answer), p95 time to first
 token (first streamed text) over the C clients, and the single client's; min/median/max
@@ -74,8 +75,9 @@ def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Cont
     return out
 
 
-def prompt(rep: int, client: int, n_clients: int) -> str:
-    i = rep * (n_clients + 1) + client
+def prompt(round_: int, client: int, n_clients: int) -> str:
+    """Client `client`'s prompt (n_clients: the one alone) in round `round_`."""
+    i = round_ * (n_clients + 1) + client
     return TASKS[i % len(TASKS)].format(TOPICS[i % len(TOPICS)])
 
 
@@ -135,12 +137,11 @@ def p95(xs: list[float]) -> float:
 
 
 def measure(c: Contender, server: ApiServer, args: argparse.Namespace, rep: int,
-            temp: float) -> None:
+            temp: float, round_: int) -> None:
     seed = args.seed + 1000 * rep
-    texts = [f"{prompt(rep, i, args.clients)} (T={temp:g})" for i in range(args.clients)]
+    texts = [prompt(round_, i, args.clients) for i in range(args.clients)]
     many = burst(server, texts, temp, seed, args)
-    alone = burst(server, [f"{prompt(rep, args.clients, args.clients)} (T={temp:g})"], temp,
-                  seed, args)[0]
+    alone = burst(server, [prompt(round_, args.clients, args.clients)], temp, seed, args)[0]
     tokens = sum(r["tokens"] for r in many)
     figures = {"tok_s": tokens / max(r["end"] for r in many),
                "ttft_p95": p95([r["ttft"] for r in many]), "ttft_single": alone["ttft"],
@@ -210,20 +211,20 @@ def main() -> None:
     args.bins = build_tools(version, args.sdist)
     temps = numbers(args.temperatures)
     cs = contenders(args, target, draft)
-    servers: dict[str, ApiServer] = {}
-    try:
-        for c in cs:
-            servers[c.name] = server = ApiServer(c.name, c.argv, "--port", args.timeout,
-                                                 args.logs)
-            burst(server, ["Say hello."], 0.0, 0, argparse.Namespace(
-                max_tokens=8, timeout=args.timeout))
-        for rep in range(args.reps):
-            for temp in temps:
+    for rep in range(args.reps):
+        servers: dict[str, ApiServer] = {}
+        try:
+            for c in cs:
+                servers[c.name] = server = ApiServer(c.name, c.argv, "--port", args.timeout,
+                                                     args.logs)
+                burst(server, ["Say hello."], 0.0, 0, argparse.Namespace(
+                    max_tokens=8, timeout=args.timeout))
+            for t, temp in enumerate(temps):
                 for c in cs:  # interleaved: a busy spell hits every server alike
-                    measure(c, servers[c.name], args, rep, temp)
-    finally:
-        for server in servers.values():
-            server.stop()
+                    measure(c, servers[c.name], args, rep, temp, rep * len(temps) + t)
+        finally:
+            for server in servers.values():
+                server.stop()
     print(f"\ntarget {target}\ndraft {draft}\nthreads {args.threads}, llama-cpp-python "
           f"{version}")
     summary = report(cs, temps, args)
