@@ -3,14 +3,14 @@
 
 Per repetition every server starts afresh (nothing drafts from an earlier repetition's
 output: specllama's suffix cache and both servers' KV caches start empty), all at once
-(an idle one uses no CPU), each warmed by one request. Then, per temperature, each
-server in turn gets C clients at once, each one streamed chat request of --max-tokens,
-and one single client alone (the time to first token to compare with). The prompts are
-new topics at each repetition and temperature, the same for every server. Figures
-per server and temperature: aggregate tokens/s (all completion tokens over the wall time
-from the first request sent to the last byte of the last answer), p95 time to first
-token (first streamed text) over the C clients, and the single client's; min/median/max
-over repetitions, and ratios within each repetition.
+(an idle one uses no CPU), each warmed by C short requests at once, then one. Then, per
+temperature, each server in turn gets C clients at once, each one streamed chat request
+of --max-tokens, and one single client alone (the time to first token to compare with).
+The prompts are new topics at each repetition and temperature, the same for every
+server. Figures per server and temperature: aggregate tokens/s (all completion tokens
+over the wall time from the first request sent to the last byte of the last answer), p95
+time to first token (first streamed text) over the C clients, and the single client's;
+min/median/max over repetitions, and ratios within each repetition.
 
     python -m bench.concurrency --pair smollm2-f32 --reps 5
     python -m bench.concurrency --clients 4 --parallel 4 --temperatures 0 --reps 3
@@ -217,8 +217,11 @@ def main() -> None:
             for c in cs:
                 servers[c.name] = server = ApiServer(c.name, c.argv, "--port", args.timeout,
                                                      args.logs)
-                burst(server, ["Say hello."], 0.0, 0, argparse.Namespace(
-                    max_tokens=8, timeout=args.timeout))
+                # warmed as it is measured, C at once (the batch shapes of a burst,
+                # built once, are not what a time to first token should include)
+                warm = argparse.Namespace(max_tokens=16, timeout=args.timeout)
+                burst(server, [f"Say hello to {n}." for n in range(args.clients)], 0.0, 0, warm)
+                burst(server, ["Say hello."], 0.0, 0, warm)
             for t, temp in enumerate(temps):
                 for c in cs:  # interleaved: a busy spell hits every server alike
                     measure(c, servers[c.name], args, rep, temp, rep * len(temps) + t)
