@@ -55,10 +55,8 @@ class EngineProcess:
         self._mp = multiprocessing.get_context("spawn")
         self._proc: Any = None
         self._link: Link | None = None
-        self._words: LastWords | None = None  # the last child's, once it is gone
         self._calls = itertools.count(-1, -1)
         self.pid: int | None = None
-        self._dead: Any = None  # the last child, once killed (for its exit status)
         # Two threads reaping one child at once: one waitpid gets its status, the other
         # an error, and multiprocessing then reports no exit status at all.
         self._reaping = threading.Lock()
@@ -74,7 +72,7 @@ class EngineProcess:
         proc = self._mp.Process(target=child.main, args=(self._factory, first, theirs,
                                                      self._cache_bytes, self.parallel),
                                 name="specllama-engine", daemon=True)
-        self._proc, self._words = proc, None
+        self._proc, words = proc, None
         try:
             proc.start()
             theirs.close()
@@ -82,11 +80,11 @@ class EngineProcess:
                 raise EngineLost(f"loading the models took over {LOAD_BOUND_S:g} s; "
                                  "given up", remote=True)
             while isinstance(message := ours.recv(), LastWords):
-                self._words = message
+                words = message
         except EOFError:
             ours.close()
             self.kill()
-            raise self._lost() from None
+            raise self._lost(proc, words) from None
         except BaseException:  # Ctrl-C while loading included: no child left behind
             ours.close()
             self.kill()
@@ -124,7 +122,7 @@ class EngineProcess:
                 if isinstance(message, Outcome):
                     return
         except (EOFError, OSError):
-            raise self._lost(link) from None
+            raise self._lost(link.proc, link.last_words) from None
 
     def call(self, name: str, *args: Any) -> Any:
         """One of the Engine's CALLS, in the child; its value, or its error raised here."""
@@ -135,7 +133,7 @@ class EngineProcess:
         try:
             reply = next(replies)
         except (EOFError, OSError, StopIteration):
-            raise self._lost(link) from None
+            raise self._lost(link.proc, link.last_words) from None
         finally:
             replies.close()
         assert isinstance(reply, Reply)
@@ -168,21 +166,16 @@ class EngineProcess:
             with self._reaping:
                 proc.join(5)
         if self._link is not None:
-            self._words = self._link.last_words or self._words
             self._link.conn.close()
             self._link = None
-        self._dead = proc
 
-    def _lost(self, link: Link | None = None) -> EngineLost:
-        """Why the child is gone (the one at the end of `link`, else the last one
-        started): its last words, else its exit status. (Another thread may be starting
-        the next child meanwhile: hence the link's own process.)"""
-        proc = link.proc if link is not None else self._proc or self._dead
+    def _lost(self, proc: Any, words: LastWords | None) -> EngineLost:
+        """Why the child `proc` is gone: its last words, else its exit status. (The
+        caller names the child its own link reached: another thread may be starting
+        the next one meanwhile.)"""
         if proc is not None:
             with self._reaping:
                 proc.join(5)
-        known = link or self._link
-        words = known.last_words if known is not None else self._words
         if words is not None:
             return EngineLost(words.message, words.remote)
         code = proc.exitcode if proc is not None else None
