@@ -34,7 +34,7 @@ from typing import Any
 from bench.common import SPECLLAMA, Spread, add_pair_options, model_flags, parser, resolve_models
 from bench.common import run as run_main
 from bench.llamacpp_build import build_tools, numbers
-from bench.processes import ApiServer
+from bench.processes import ApiServer, body
 
 TOPICS = (
     "a lighthouse keeper", "volcanoes", "the history of paper", "a chess tournament",
@@ -81,13 +81,6 @@ def prompt(round_: int, client: int, n_clients: int) -> str:
     return TASKS[i % len(TASKS)].format(TOPICS[i % len(TOPICS)])
 
 
-def body(model: str, text: str, temp: float, seed: int, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": temp, "seed": seed, "top_k": 0,
-            "top_p": 1.0, "min_p": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
-
-
 def streamed(port: int, payload: dict[str, Any], t0: float, timeout: float) -> dict[str, Any]:
     """One streamed chat completion: its tokens, first text and end, from t0."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -121,7 +114,7 @@ def burst(server: ApiServer, texts: list[str], temp: float, seed: int,
 
     def client(i: int) -> None:
         out[i] = streamed(server.port, body(server.model, texts[i], temp, seed + i,
-                                            args.max_tokens), t0, args.timeout)
+                                            args.max_tokens, True), t0, args.timeout)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
     for th in threads:

@@ -52,7 +52,7 @@ from bench.llamacpp_build import (
     numbers,
     static_cache,
 )
-from bench.processes import ApiServer, request
+from bench.processes import ApiServer, body, request
 
 BASELINE = "llama-server"
 #: specllama's own target alone, when it is among the contenders
@@ -132,22 +132,6 @@ def specllama_contenders(args: argparse.Namespace) -> list[Contender]:
              "--n-ctx", str(args.n_ctx), *[f"--corpus={p}" for p in args.corpus], *extra],
             "--port", "specllama"))
     return out
-
-
-def body(model: str, prompt: str, temp: float, seed: int, max_tokens: int,
-         stream: bool, chat: bool = True) -> dict[str, Any]:
-    """A chat completion's body, or a plain completion's for a prompt without a template."""
-    b: dict[str, Any] = {
-        "model": model, "max_tokens": max_tokens, "temperature": temp, "seed": seed,
-        "top_k": 0, "top_p": 1.0, "min_p": 0.0, "stream": stream,
-    }
-    if chat:
-        b["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        b["prompt"] = prompt
-    if stream:
-        b["stream_options"] = {"include_usage": True}
-    return b
 
 
 def fresh(prompt: str, rep: int, temp: float) -> str:

@@ -138,6 +138,24 @@ class Serve:
         return self.proc.returncode
 
 
+def body(model: str, prompt: str, temp: float, seed: int, max_tokens: int,
+         stream: bool, chat: bool = True) -> dict[str, Any]:
+    """A chat completion's body (a plain completion's for a prompt without a
+    template): top-k, top-p and min-p off, so a temperature means the same on every
+    server."""
+    b: dict[str, Any] = {
+        "model": model, "max_tokens": max_tokens, "temperature": temp, "seed": seed,
+        "top_k": 0, "top_p": 1.0, "min_p": 0.0, "stream": stream,
+    }
+    if chat:
+        b["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        b["prompt"] = prompt
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    return b
+
+
 def request(port: int, path: str, body: dict[str, Any] | None, timeout: float,
             stream: bool = False) -> tuple[int, dict[str, Any], float]:
     """POST (or GET when body is None); the JSON answer (a stream: its last chunk that
