@@ -63,9 +63,9 @@ class _Call:
 
 
 class Batcher:
-    """The thread that runs every decode of a parallel engine: the target's batches,
-    each fired once every active sequence has handed in its share, and other calls
-    (draft decodes) as they come."""
+    """The thread that runs every decode of a parallel engine: the batches of the
+    shared models, each fired once every active sequence has handed in its share, and
+    other calls (measuring auto's costs) as they come."""
 
     def __init__(self, base: Model) -> None:
         """base: the target, loaded with n_seq sequences (a draft model may join
@@ -78,8 +78,6 @@ class Batcher:
         self._shares: dict[int, _Share] = {}
         self._calls: deque[_Call] = deque()
         self._closed = False
-        self.batches = 0  # decodes made (target and draft), and the tokens in them
-        self.batch_tokens = 0
         self._thread = threading.Thread(target=self._loop, name="specllama-compute",
                                         daemon=True)
         self._thread.start()
@@ -167,8 +165,8 @@ class Batcher:
     def _next_batch(self) -> list[_Share]:
         """The shares of one model: the draft model's first (the generations drafting
         then join the others waiting on the target), by sequence id."""
-        models = {id(s.view.shared): s.view.shared for s in self._shares.values()}
-        model = next((m for m in models.values() if m is not self.base), self.base)
+        model = next((s.view.shared for s in self._shares.values()
+                      if s.view.shared is not self.base), self.base)
         seqs = sorted(s for s, share in self._shares.items() if share.view.shared is model)
         return [self._shares.pop(s) for s in seqs]
 
@@ -191,8 +189,6 @@ class Batcher:
                 share.error = exc
                 share.done.set()
             return
-        self.batches += 1
-        self.batch_tokens += n
         for share in shares:
             share.rc, share.seconds, share.batch_tokens = rc, seconds, n
             share.done.set()
