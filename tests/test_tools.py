@@ -210,6 +210,10 @@ def test_the_answer_side_reads_calls_and_only_calls():
     assert parse_calls(f'{OPEN}{{"name": "add", "arguments": {{"a"') is None  # cut short
     cut = parse_calls(text[:-8], cut=True)  # at max_tokens: the finished calls
     assert [c["function"]["name"] for c in cut] == ["add"]
+    for tail in ("\n<tool_", "\n<", "\n"):  # cut inside the next opening tag
+        cut = parse_calls(text + tail, cut=True)
+        assert [c["function"]["name"] for c in cut] == ["add", "now"], tail
+    assert parse_calls(text + "\n<tool_", cut=False) is None
     assert parse_calls(text + " and more") is None
     tricky = f'{OPEN}{{"name": "f", "arguments": {{"x": "a</tool_call>b"}}}}\n</tool_call>'
     assert json.loads(parse_calls(tricky)[0]["function"]["arguments"]) == {"x": "a</tool_call>b"}

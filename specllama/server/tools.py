@@ -114,6 +114,8 @@ def parse_calls(text: str, cut: bool = False) -> list[dict[str, Any]] | None:
                       "function": {"name": call["name"],
                                    "arguments": json.dumps(call.get("arguments", {}))}})
         rest = after[len(CLOSE.strip()):].strip()
+    if cut and OPEN.startswith(rest):  # max_tokens fell inside the next call's opening tag
+        return calls or None
     return calls if calls and not rest else None
 
 
