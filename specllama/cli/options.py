@@ -261,6 +261,9 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
     merged = resolve_settings(run, choice.pair)
     drafters = check_drafters(merged.drafters or (DEFAULT_DRAFTERS if choice.draft else
                                                    ("lookup",)), choice.draft is not None)
+    if n_seq > 1 and isinstance(merged.draft_threads, int) and merged.draft_threads > 0:
+        raise InvalidParameterError("--draft-threads drafts ahead for one request at a time; "
+                                    "with --parallel above 1 leave it at 0")
     constraint = merged.constraint  # a bad schema, grammar or regex fails before loading
     if constraint is not None:
         constraint.grammar()
@@ -288,6 +291,8 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
         if calibrate:  # here rather than at the first round: the time shows as loading
             measure_costs(decoder, merged.draft_max, run.recalibrate, say)
             split = _split(decoder, merged, drafters, say)
+        elif isinstance(merged.draft_threads, int) and merged.draft_threads > 0:
+            split = _split(decoder, merged, drafters, say)  # serve: a number, as it is
         attach_cache(decoder, merged, say, console)
     if calibrate and split is not None:
         console.print(f"[dim]{split.describe()}[/dim]")

@@ -16,8 +16,13 @@ OpenMP keeps a spinning team of threads per thread that ever decoded, and two te
 the same cores slow each other down.
 
 Exactness: a sequence's rows depend only on its own cells (llama.cpp masks the others'
-out of attention), so each request gets the distribution it would get alone; greedy
-output equal to the request served alone is tested (tests/test_parallel.py).
+out of attention) and on which side of WIDE its batch falls: llama.cpp's CPU flash
+attention computes a batch of WIDE query rows or more in F32 tiles and a smaller one with
+F16 dot products, and the two differ by up to a logit on a real model. So every token is
+computed on the side it would be alone: a prompt is cut as it would be alone (then a wide
+chunk into wide pieces), and a batch never mixes shares of both sides nor lets narrow
+ones add up to WIDE. Greedy output equal to the request served alone is tested, on tiny
+models and on the real SmolLM2 (tests/test_parallel.py).
 """
 
 from __future__ import annotations
@@ -36,6 +41,23 @@ from ...errors import DecodeError
 from .model import KVState, LogitsWanted, Model
 
 T = TypeVar("T")
+
+#: ggml's GGML_FA_TILE_Q: from this many query rows in a batch, CPU flash attention
+#: takes its tiled F32 path (tests/test_parallel.py fails if a llama.cpp moves it).
+WIDE = 64
+
+
+def pieces(n: int, alone: int, most: int) -> list[int]:
+    """The sizes a prompt of n tokens goes in on a shared context: the chunks a model
+    of n_batch `alone` decodes it in by itself (Model.decode), a chunk of WIDE or more
+    then cut into near-equal pieces of at most `most` (>= 2 WIDE), each still WIDE or
+    more, so others' rounds go between them."""
+    chunks = [alone] * ((n - 1) // alone) + [(n - 1) % alone + 1]
+    out: list[int] = []
+    for c in chunks:
+        m = 1 if c < WIDE else -(-c // most)
+        out += [c // m + (i < c % m) for i in range(m)]
+    return out
 
 
 @dataclass
@@ -163,12 +185,22 @@ class Batcher:
         return bool(self._shares) and self._active <= self._shares.keys()
 
     def _next_batch(self) -> list[_Share]:
-        """The shares of one model: the draft model's first (the generations drafting
-        then join the others waiting on the target), by sequence id."""
+        """Shares of one model: the draft model's first (the generations drafting then
+        join the others waiting on the target). The longest waiting share decides the
+        side of WIDE; those of the same side join it, narrow ones while they stay under
+        WIDE together, and the rest wait for the next batch."""
         model = next((s.view.shared for s in self._shares.values()
                       if s.view.shared is not self.base), self.base)
-        seqs = sorted(s for s, share in self._shares.items() if share.view.shared is model)
-        return [self._shares.pop(s) for s in seqs]
+        mine = [s for s in self._shares.values() if s.view.shared is model]  # oldest first
+        wide = len(mine[0].tokens) >= WIDE
+        room = model.n_batch if wide else WIDE - 1
+        batch, n = [], 0
+        for share in mine:
+            k = len(share.tokens)
+            if (k >= WIDE) == wide and n + k <= room:
+                batch.append(self._shares.pop(share.view.seq))
+                n += k
+        return batch
 
     def _fire(self, shares: list[_Share]) -> None:
         base = shares[0].view.shared
@@ -213,7 +245,8 @@ class SeqView(Model):
         self.seq = seq
         self.batcher = batcher
         self.shared = base
-        self.n_batch = max(1, base.n_batch // base.n_seq)
+        # A new prompt's pieces: an equal share of the batch, and wide enough to stay wide.
+        self.n_batch = min(base.n_batch, max(base.n_batch // base.n_seq, 2 * WIDE))
         self.cached = []
         self.decode_s = 0.0
         self.tokens_evaluated = 0
@@ -222,6 +255,15 @@ class SeqView(Model):
         self._rows = 0
         self.others = 0  # as Model's
         self.__dict__.pop("companions")  # (a property here, read live)
+
+    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
+        if len(tokens) <= self.n_batch or logits == "all":  # as alone (Model.decode)
+            super().decode(tokens, logits)
+            return
+        at = 0
+        for size in pieces(len(tokens), self.shared.n_batch, self.n_batch):
+            at += size
+            super().decode(tokens[at - size:at], logits if at == len(tokens) else "none")
 
     def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
         share = self.batcher.hand_in(_Share(self, tokens, start, logits))

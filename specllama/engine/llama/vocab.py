@@ -39,6 +39,7 @@ class Vocabulary:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._lltokenizer: Any = None  # grammar_tokenizer(), once asked for
+        self._formatters: dict[str, Any] = {}  # by template: compiling one takes ~10 ms
 
     def close(self) -> None:
         if self._model is not None:
@@ -142,13 +143,15 @@ class Vocabulary:
         template = template or self.chat_template()
         if template is None:
             raise ValueError("model has no chat template")
-        piece = lambda t: self.token_text(t).decode("utf-8", errors="replace")  # noqa: E731
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=piece(self.eos) if self.eos >= 0 else "",
-            bos_token=piece(self.bos) if self.bos >= 0 else "",
-            add_generation_prompt=True,
-        )
+        formatter = self._formatters.get(template)
+        if formatter is None:
+            piece = lambda t: self.token_text(t).decode("utf-8", errors="replace")  # noqa: E731
+            formatter = self._formatters[template] = Jinja2ChatFormatter(
+                template=template,
+                eos_token=piece(self.eos) if self.eos >= 0 else "",
+                bos_token=piece(self.bos) if self.bos >= 0 else "",
+                add_generation_prompt=True,
+            )
         chat: Any = messages  # the role/content dicts the formatter's TypedDicts describe
         described: Any = tools
         return formatter(messages=chat, tools=described).prompt
