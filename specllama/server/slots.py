@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import Event, SpeculativeDecoder
-from ..engine.drafting.draftcache import DraftCache
 from ..engine.llama.batched import Batcher, SeqView
 from .jobs import Engine, Evaluated, Order, Outcome
 from .promptcache import CacheFigures, PromptCache, shared
@@ -54,9 +53,8 @@ class Slots:
         return why
 
     def _slot(self, seq: int) -> Engine:
-        """Slot `seq`: its views of the models, auto's measured costs, and the suffix
-        cache: the loaded one (a corpus, a persisted history) in slot 0; the others
-        read its corpus."""
+        """Slot `seq`: its views of the models, auto's measured costs, and the one suffix
+        cache (its corpus, the history of every slot's answers)."""
         first = self._first.decoder
         assert self.batcher is not None
         draft = None if first.draft is None else SeqView(self.batcher, seq, first.draft)
@@ -65,11 +63,7 @@ class Slots:
                                      cross_vocab=first.cross_vocab)
         decoder.policy_state = copy.deepcopy(first.policy_state)
         decoder.threads = first.threads
-        if seq == 0:
-            decoder.suffix_cache = first.suffix_cache
-        else:
-            decoder.suffix_cache = DraftCache()
-            decoder.suffix_cache.corpus = first.suffix_cache.corpus  # read only
+        decoder.suffix_cache = first.suffix_cache  # each slot drafts from all answers
         return Engine(decoder, prompt_cache=self.prompt_cache)
 
     # --------------------------------------------------------------- serving
@@ -110,11 +104,9 @@ class Slots:
 
     def close(self) -> None:
         first = self._first
-        for seq, engine in enumerate(self.engines):
+        for engine in self.engines:
             if engine is not first:
-                if seq > 0:
-                    engine.decoder.suffix_cache.path = None  # slot 0 saves the history
-                engine.close()  # views: the contexts stay
+                engine.close()  # views: the contexts stay (the history saved once)
         if self.batcher is not None:
             self.batcher.close()
         first.close()

@@ -5,18 +5,26 @@ A decoder keeps one `DraftCache` for its life: each call's output joins its hist
 the earlier ones; `load` adds a persisted cache (origin "persisted") and `save` writes
 the history back (merged with what other processes wrote meanwhile: `cachefile`);
 `add_corpus` indexes a user's files (origin "corpus"), never evicted.
+
+One DraftCache may serve several generations at once (`serve --parallel`): they read the
+archives while another's output joins the history. Readers take no lock: adding only
+appends (positions stay valid), and an eviction builds a new history rather than
+rebuilding the one a generation may be reading. Writers (remember, save) take a lock.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..llama import Vocabulary
 from .cachefile import fingerprint, load, save
 from .corpus import CorpusFile
-from .suffixcache import Origin, SuffixArchive
+from .suffixcache import Origin, SuffixArchive, recent
 
 #: The history holds at most this many tokens (about 36 MB indexed; the least recently
 #: used outputs go first), in memory and in the persisted file alike.
@@ -37,6 +45,7 @@ class DraftCache:
         self.warnings: list[str] = []  # what could not be saved, for the caller to show
         self._unsaved = False
         self._saved_at: float | None = None
+        self._lock = threading.Lock()  # writers only (see above)
 
     def archives(self, history: bool = True) -> list[tuple[SuffixArchive, Origin | None]]:
         """For `LookupDraft` (each document's origin is its own); `history`: the
@@ -46,8 +55,19 @@ class DraftCache:
 
     def remember(self, tokens: Sequence[int], n_prompt: int) -> None:
         """A call's output (`tokens` is prompt + output) joins the history."""
-        if len(tokens) > n_prompt:
-            self.history.add(tokens[max(0, n_prompt - LEAD):], "session")
+        if len(tokens) <= n_prompt:
+            return
+        doc = tokens[max(0, n_prompt - LEAD):]
+        with self._lock:
+            history = self.history
+            bound = history.max_tokens
+            if bound is not None and history.n_tokens + len(doc) > bound:
+                docs = [*history.documents(), (np.asarray(doc, np.int32), "session", time.time())]
+                history = SuffixArchive(bound)
+                history.add_many(recent(docs, bound))
+                self.history = history
+            else:
+                history.add(doc, "session")
             self._unsaved = True
 
     def add_corpus(self, files: Sequence[CorpusFile]) -> None:
@@ -71,7 +91,8 @@ class DraftCache:
         now = time.monotonic()
         if not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
             return
-        docs = self.history.documents()
+        with self._lock:
+            docs = self.history.documents()
         warning = save(self.path, self.fingerprint, [d for d, _, _ in docs],
                        [u for _, _, u in docs], self.history.max_tokens or HISTORY_TOKENS)
         self._saved_at, self._unsaved = now, warning is not None
@@ -81,9 +102,11 @@ class DraftCache:
     def forget_session(self) -> None:
         """Forget this process's outputs (kept: the persisted cache, the corpus): each
         run of a benchmark starts from the same cache."""
-        kept = [d for d in self.history.documents() if d[1] != "session"]
-        self.history = SuffixArchive(self.history.max_tokens)
-        self.history.add_many(kept)
+        with self._lock:
+            kept = [d for d in self.history.documents() if d[1] != "session"]
+            history = SuffixArchive(self.history.max_tokens)
+            history.add_many(kept)
+            self.history = history
 
 
 def tokenizer_fingerprint(model: Vocabulary) -> str:

@@ -168,20 +168,13 @@ class SuffixArchive:
                                               np.concatenate((a.pos, b.pos))))
 
     def _evict(self) -> None:
-        """Keep the most recently used documents that fit in 3/4 of the bound (so the
-        rebuild, linear in what is kept, comes rarely), and index them again."""
+        """Keep what `recent` keeps, and index it again."""
         assert self.max_tokens is not None
         docs = self.documents()
-        budget = self.max_tokens * 3 // 4
-        keep: list[int] = []
-        for i in sorted(range(len(docs)), key=lambda i: -docs[i][2]):
-            if len(docs[i][0]) <= budget:
-                budget -= len(docs[i][0])
-                keep.append(i)
         self._reset()
-        self.add_many([docs[i] for i in sorted(keep)])
+        self.add_many(recent(docs, self.max_tokens))
 
-    def documents(self) -> list[tuple[np.ndarray, Origin, float]]:
+    def documents(self) -> list[Document]:
         """Each document's tokens, origin and last use, oldest first."""
         ends = [*self.starts[1:], self.size]
         return [(self._tokens[s : e - 1].copy(), o, u)
@@ -259,3 +252,18 @@ class SuffixArchive:
     def touch(self, pos: int) -> None:
         """The document at `pos` gave a draft: it is the last to be evicted."""
         self.used[self.document_at(pos)] = time.time()
+
+
+Document = tuple[np.ndarray, Origin, float]
+
+
+def recent(docs: Sequence[Document], max_tokens: int) -> list[Document]:
+    """The most recently used documents that fit in 3/4 of `max_tokens` (so the rebuild,
+    linear in what is kept, comes rarely), in their order."""
+    budget = max_tokens * 3 // 4
+    keep: list[int] = []
+    for i in sorted(range(len(docs)), key=lambda i: -docs[i][2]):
+        if len(docs[i][0]) <= budget:
+            budget -= len(docs[i][0])
+            keep.append(i)
+    return [docs[i] for i in sorted(keep)]
