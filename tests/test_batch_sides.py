@@ -8,11 +8,14 @@ must stay on its own side, or greedy output parts from the request served alone
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from drafts import GREEDY
 from test_parallel import at_once, load, order, parallel
 
+from specllama import SpeculativeDecoder
 from specllama.engine.llama import Model
 from specllama.engine.llama.batched import WIDE, Batcher, pieces
 
@@ -36,6 +39,22 @@ def test_a_prompt_is_cut_where_alone_cuts_it_and_each_piece_keeps_its_side(alone
             assert all((s >= WIDE) == (c >= WIDE) for s in inside), (n, c, inside)
 
 
+def alone_and_at_once(target, draft, texts: list[str],
+                      tokenize: Callable[[SpeculativeDecoder, str], list[int]]
+                      ) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy tokens of each text alone, and of all at once on as many slots; the second
+    text is long enough to go in pieces (draft_max 3, 40 tokens)."""
+    dec = load(target, draft)
+    prompts = [tokenize(dec, t) for t in texts]
+    assert len(prompts[1]) > 128
+    expected = [dec.generate(p, max_tokens=40, sampling=GREEDY, draft_max=3).tokens
+                for p in prompts]
+    dec.close()
+    with parallel(target, draft, len(texts)) as slots:
+        outcomes = at_once(slots, [order(i, p, max_tokens=40) for i, p in enumerate(prompts)])
+    return expected, [o.result.tokens for o in outcomes]
+
+
 @pytest.fixture
 def fired(monkeypatch) -> list[list[int]]:
     """The sizes of the shares in every batch fired from now on."""
@@ -55,16 +74,11 @@ def test_a_long_prompt_beside_rounds_goes_in_wide_batches_of_its_own(tiny_target
     """A long prompt arriving beside two short requests: its pieces fire in batches on
     their own side, the others' rounds under WIDE together, and every request gets what
     it gets alone, token for token."""
-    dec = load(tiny_target, tiny_draft)
     long = " ".join([SENTENCE] * 6)
-    prompts = [dec.tokenize(p) for p in ("Hello world", long, "once upon a time there")]
-    assert len(prompts[1]) > 128  # in pieces on a shared context
-    expected = [dec.generate(p, max_tokens=40, sampling=GREEDY, draft_max=3).tokens
-                for p in prompts]
-    dec.close()
-    with parallel(tiny_target, tiny_draft, 3) as slots:
-        outcomes = at_once(slots, [order(i, p, max_tokens=40) for i, p in enumerate(prompts)])
-    assert [o.result.tokens for o in outcomes] == expected
+    expected, got = alone_and_at_once(tiny_target, tiny_draft,
+                                      ["Hello world", long, "once upon a time there"],
+                                      lambda dec, text: dec.tokenize(text))
+    assert got == expected
     assert any(min(b) >= WIDE for b in fired) and any(len(b) > 1 for b in fired)
     for sizes in fired:
         assert min(sizes) >= WIDE or sum(sizes) < WIDE, sizes
@@ -98,13 +112,7 @@ def test_real_model_greedy_requests_at_once_equal_each_alone(smollm2_path):
     """The real SmolLM2 (as its own draft): three chat requests at once, one with a long
     prompt, give the tokens each gives alone. Batched across sides, the first token of
     the haiku already differs."""
-    alone = load(smollm2_path, smollm2_path)
     questions = ["Write a haiku about the sea.", "Summarize this: " + LONG, "What is 2+2?"]
-    prompts = [alone.target.prompt(q) for q in questions]
-    assert len(prompts[1]) > 128
-    expected = [alone.generate(p, max_tokens=32, sampling=GREEDY, draft_max=3).tokens
-                for p in prompts]
-    alone.close()
-    with parallel(smollm2_path, smollm2_path, 3) as slots:
-        outcomes = at_once(slots, [order(i, p, max_tokens=32) for i, p in enumerate(prompts)])
-    assert [o.result.tokens for o in outcomes] == expected
+    expected, got = alone_and_at_once(smollm2_path, smollm2_path, questions,
+                                      lambda dec, text: dec.target.prompt(text))
+    assert got == expected
