@@ -91,12 +91,14 @@ class DraftCache:
         now = time.monotonic()
         if not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
             return
-        with self._lock:
+        with self._lock:  # what another generation remembers from here on is unsaved
             docs = self.history.documents()
+            self._unsaved = False
         warning = save(self.path, self.fingerprint, [d for d, _, _ in docs],
                        [u for _, _, u in docs], self.history.max_tokens or HISTORY_TOKENS)
-        self._saved_at, self._unsaved = now, warning is not None
+        self._saved_at = now
         if warning:
+            self._unsaved = True
             self.warnings.append(warning)
 
     def forget_session(self) -> None:
