@@ -96,3 +96,28 @@ def test_another_tokenizer_never_reads_the_cache(run, tiny, tmp_path, tiny_other
     assert "persisted" not in stats_of(result)["stats"]["origin_drafted"]
     assert result.stderr.strip() == (f"warning: ignoring the draft cache {cache}: written "
                                      "for another tokenizer; it will be rebuilt")
+
+
+def test_an_answer_remembered_while_the_cache_is_saved_is_saved_next_time(tmp_path,
+                                                                           monkeypatch):
+    """serve --parallel: another slot's answer joins the history while a save writes the
+    file; it must be written by the next save, at shutdown at the latest."""
+    import specllama.engine.drafting.draftcache as draftcache
+    from specllama.engine.drafting.cachefile import load
+
+    cache = draftcache.DraftCache()
+    cache.load(tmp_path / "cache.bin", "fp")
+    cache.remember([1, 2, 3, 4, 5, 6], 3)
+    save = draftcache.save
+
+    def another_slot_answers_meanwhile(*args, **kwargs):
+        cache.remember([7, 8, 9, 10, 11, 12], 3)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(draftcache, "save", another_slot_answers_meanwhile)
+    cache.save(force=True)
+    monkeypatch.setattr(draftcache, "save", save)
+    cache.save(force=True)
+    stored, warning = load(tmp_path / "cache.bin", "fp")
+    assert warning is None
+    assert [d.tolist() for d in stored.docs] == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
