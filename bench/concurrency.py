@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.metadata
 import json
 import sys
 import threading
@@ -31,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, Spread, add_pair_options, model_flags, parser, resolve_models
+from bench.common import SPECLLAMA, Spread, add_pair_options, model_flags, parser
 from bench.common import run as run_main
-from bench.llamacpp_build import build_tools, numbers
+from bench.llamacpp_build import numbers, pair_and_tools
 from bench.processes import ApiServer, body
 
 TOPICS = (
@@ -198,10 +197,7 @@ def main() -> None:
     args = arguments().parse_args()
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
-    version = importlib.metadata.version("llama_cpp_python")
-    target, draft = resolve_models(args, need_draft=True)
-    assert draft is not None
-    args.bins = build_tools(version, args.sdist)
+    version, target, draft, args.bins = pair_and_tools(args)
     temps = numbers(args.temperatures)
     cs = contenders(args, target, draft)
     for rep in range(args.reps):

@@ -18,7 +18,6 @@ Run it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import re
 import statistics
@@ -29,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, add_run_options, geomean, model_flags, parser, resolve_models
+from bench.common import SPECLLAMA, add_run_options, geomean, model_flags, parser
 from bench.common import run as run_script
-from bench.llamacpp_build import add_comparison_options, build_tools, comparison_prompts, numbers
+from bench.llamacpp_build import add_comparison_options, comparison_prompts, numbers, pair_and_tools
 
 SPEC_MODES = "target,1,2,3,auto"
 FIXED_MODES = ("k=1", "k=2", "k=3")
@@ -292,10 +291,7 @@ def measure(args: argparse.Namespace, bins: dict[str, Path], models: tuple[Path,
 
 def main() -> None:
     args = arguments().parse_args()
-    version = importlib.metadata.version("llama_cpp_python")
-    target, draft = resolve_models(args, need_draft=True)  # before a build: a wrong pair
-    assert draft is not None
-    bins = build_tools(version, args.sdist)
+    version, target, draft, bins = pair_and_tools(args)
     prompts = comparison_prompts(args)
     ids = [p.id for p in prompts]
     temps = numbers(args.temperatures)

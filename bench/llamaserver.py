@@ -24,7 +24,6 @@ Run it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import shlex
 import statistics
@@ -42,14 +41,13 @@ from bench.common import (
     model_flags,
     parser,
     ratios,
-    resolve_models,
     run,
 )
 from bench.llamacpp_build import (
     add_comparison_options,
-    build_tools,
     comparison_prompts,
     numbers,
+    pair_and_tools,
     static_cache,
 )
 from bench.processes import ApiServer, body, request
@@ -309,10 +307,7 @@ def main() -> None:
     args = arguments().parse_args()
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
-    version = importlib.metadata.version("llama_cpp_python")
-    target, draft = resolve_models(args, need_draft=True)
-    assert draft is not None
-    args.bins = build_tools(version, args.sdist)
+    version, target, draft, args.bins = pair_and_tools(args)
     args.temps = numbers(args.temperatures)
     prompts = comparison_prompts(args)
     cs = contenders(args, target, draft)
