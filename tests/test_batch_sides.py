@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from drafts import GREEDY
 from test_parallel import at_once, load, order, parallel
+from test_smollm2 import assert_same_but_ties
 
 from specllama import SpeculativeDecoder
 from specllama.engine.llama import Model
@@ -41,9 +42,9 @@ def test_a_prompt_is_cut_where_alone_cuts_it_and_each_piece_keeps_its_side(alone
 
 def alone_and_at_once(target, draft, texts: list[str],
                       tokenize: Callable[[SpeculativeDecoder, str], list[int]]
-                      ) -> tuple[list[list[int]], list[list[int]]]:
-    """Greedy tokens of each text alone, and of all at once on as many slots; the second
-    text is long enough to go in pieces (draft_max 3, 40 tokens)."""
+                      ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """The prompts, their greedy tokens alone, and those of all at once on as many slots;
+    the second text is long enough to go in pieces (draft_max 3, 40 tokens)."""
     dec = load(target, draft)
     prompts = [tokenize(dec, t) for t in texts]
     assert len(prompts[1]) > 128
@@ -52,7 +53,7 @@ def alone_and_at_once(target, draft, texts: list[str],
     dec.close()
     with parallel(target, draft, len(texts)) as slots:
         outcomes = at_once(slots, [order(i, p, max_tokens=40) for i, p in enumerate(prompts)])
-    return expected, [o.result.tokens for o in outcomes]
+    return prompts, expected, [o.result.tokens for o in outcomes]
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_a_long_prompt_beside_rounds_goes_in_wide_batches_of_its_own(tiny_target
     their own side, the others' rounds under WIDE together, and every request gets what
     it gets alone, token for token."""
     long = " ".join([SENTENCE] * 6)
-    expected, got = alone_and_at_once(tiny_target, tiny_draft,
+    _, expected, got = alone_and_at_once(tiny_target, tiny_draft,
                                       ["Hello world", long, "once upon a time there"],
                                       lambda dec, text: dec.tokenize(text))
     assert got == expected
@@ -102,17 +103,20 @@ def test_llama_cpp_computes_a_batch_differently_from_wide_rows_on(smollm2_path):
     tokens = m.tokenize(LONG)[: WIDE + 1]
     rows = {n: last_row(m, tokens[:n], 9) for n in (WIDE - 2, WIDE - 1, WIDE, WIDE + 1)}
     m.close()
-    assert np.array_equal(rows[WIDE - 2], rows[WIDE - 1])
-    assert np.array_equal(rows[WIDE], rows[WIDE + 1])
-    assert np.abs(rows[WIDE - 1] - rows[WIDE]).max() > 1e-3
+    assert np.abs(rows[WIDE - 2] - rows[WIDE - 1]).max() < 1e-4
+    assert np.abs(rows[WIDE] - rows[WIDE + 1]).max() < 1e-4
+    assert np.abs(rows[WIDE - 1] - rows[WIDE]).max() > 1e-2
 
 
 @pytest.mark.slow
 def test_real_model_greedy_requests_at_once_equal_each_alone(smollm2_path):
     """The real SmolLM2 (as its own draft): three chat requests at once, one with a long
-    prompt, give the tokens each gives alone. Batched across sides, the first token of
-    the haiku already differs."""
+    prompt, give the tokens each gives alone, but where its two best logits tie. Batched
+    across sides, the haiku already parted at its first token, where they are 1e-3 apart."""
     questions = ["Write a haiku about the sea.", "Summarize this: " + LONG, "What is 2+2?"]
-    expected, got = alone_and_at_once(smollm2_path, smollm2_path, questions,
-                                      lambda dec, text: dec.target.prompt(text))
-    assert got == expected
+    prompts, expected, got = alone_and_at_once(smollm2_path, smollm2_path, questions,
+                                               lambda dec, text: dec.target.prompt(text))
+    probe = Model(smollm2_path, n_ctx=512, n_threads=2)
+    for i, prompt in enumerate(prompts):  # a CPU may still round a true tie either way
+        assert_same_but_ties(probe, prompt, got[i], expected[i], questions[i][:30])
+    probe.close()
