@@ -278,8 +278,11 @@ def test_incompatible_pair(run, tiny_target, tiny_other_vocab):
     assert_one_line_error(result, "cannot draft for", tiny_target.name, tiny_other_vocab.name)
 
 
-def test_target_without_draft(run, tiny_target):
-    assert_one_line_error(run("generate", "hi", "--target", tiny_target), "--target needs --draft")
+def test_target_without_draft_drafts_by_lookup(run, tiny_target):
+    result = run("generate", "the cat the cat the cat", "--raw", "--target", tiny_target,
+                 "--max-tokens", "8", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["settings"]["draft"] == "lookup"
 
 
 def test_unknown_pair(run, config):

@@ -396,7 +396,7 @@ def refusing_cache(tmp_path):
     only a prefix with the previous one makes the engine cut there, for real."""
     mamba = write_tiny_mamba(tmp_path / "tiny-mamba.gguf")
     decoder = SpeculativeDecoder.load(mamba, n_ctx=128, n_threads=1, p_min=0.0)
-    decoder.target.memory_kind = "transformer"
+    decoder.target.rewinder.best = "trim"
     server = InProcessServer(decoder, "mamba")
     yield server
     server.stop()

@@ -376,9 +376,12 @@ def write_tiny_model(
 
 
 def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 32,
-                     d_state: int = 8, d_conv: int = 4) -> Path:
+                     d_state: int = 8, d_conv: int = 4, noise: float = 0.0,
+                     noise_seed: int = 1) -> Path:
     """A tiny random Mamba (recurrent) model with vocabulary "a": its memory keeps a running
-    state, so llama.cpp cannot drop a suffix of it, the case speculation must refuse."""
+    state that llama.cpp cannot cut back by itself (no snapshots for mamba), so specllama
+    keeps checkpoints (engine/llama/rewind.py). `noise` as for write_tiny_model: a noisy
+    copy is a draft that mostly agrees."""
     import gguf
 
     path = Path(path)
@@ -406,6 +409,12 @@ def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_emb
     w["output_norm.weight"] = np.ones(n_embd)
     w["output.weight"] = rng.standard_normal((n_vocab, n_embd)) * inv * DEFAULT_LOGIT_SCALE
 
+    if noise > 0:
+        nrng = np.random.default_rng(noise_seed)
+        for k, v in w.items():
+            if k.endswith(("ssm_a", "ssm_d", "norm.weight")):
+                continue  # the dynamics' constants stay: the state must not blow up
+            w[k] = v + noise * np.sqrt(np.mean(v**2)) * nrng.standard_normal(v.shape)
     arch = "mamba"
     g = gguf.GGUFWriter(str(path), arch)
     g.add_string("general.name", f"tiny-mamba-s{seed}")

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafting.chain import DEFAULT_DRAFTERS, NEED_MODEL, check_drafters
+from ..engine.drafting.chain import NEED_MODEL, check_drafters, default_drafters, slot_of
 from ..engine.drafting.corpus import read_corpus
 from ..engine.drafting.draftcache import tokenizer_fingerprint
 from ..engine.settings import (
@@ -152,7 +152,7 @@ class RunSettings(Settings):
     """Every setting of a run, resolved, and what it runs: what --json reports and /set
     changes. Its settings are the table's (engine/settings.py), so a new one follows."""
 
-    drafters: tuple[str, ...] = DEFAULT_DRAFTERS  # resolved for the pair loaded
+    drafters: tuple[str, ...] = ("lookup", "model")  # resolved for the pair loaded
     pair: str | None = None
     target: str = ""
     draft: str = ""
@@ -231,13 +231,10 @@ def choose_models(run: RunOptions, progress: Callable[[str], None]) -> ModelChoi
     if run.target:
         if run.pair_name:
             raise InvalidParameterError("give either --pair or --target/--draft, not both")
-        if not run.draft:
-            raise InvalidParameterError(
-                "--target needs --draft (a GGUF file, or 'lookup' for prompt-lookup drafts)"
-            )
         target = _flag_model(run.target, "target", progress)
         assert target is not None  # "lookup" is refused for a target
-        draft_file = _flag_model(run.draft, "draft", progress)
+        # no --draft: the target drafts for itself (prompt lookup)
+        draft_file = _flag_model(run.draft, "draft", progress) if run.draft else None
         return ModelChoice(target, draft_file, None, str(draft_file) if draft_file else "lookup")
     if run.draft:
         raise InvalidParameterError("--draft needs --target (or choose a pair with --pair)")
@@ -259,8 +256,8 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
 
     choice = choose_models(run, progress)
     merged = resolve_settings(run, choice.pair)
-    drafters = check_drafters(merged.drafters or (DEFAULT_DRAFTERS if choice.draft else
-                                                   ("lookup",)), choice.draft is not None)
+    # (without a draft file the target may draft for itself: known once it is loaded)
+    drafters = check_drafters(merged.drafters or ("lookup",), "model" if choice.draft else None)
     if n_seq > 1 and isinstance(merged.draft_threads, int) and merged.draft_threads > 0:
         raise InvalidParameterError("--draft-threads drafts ahead for one request at a time; "
                                     "with --parallel above 1 leave it at 0")
@@ -286,6 +283,9 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
             cross_vocab=merged.cross_vocab,
             n_seq=n_seq,
         )
+        slot = slot_of(decoder.draft)
+        drafters = check_drafters(merged.drafters or default_drafters(slot), slot,
+                                  choice.target.name)
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)
         if calibrate:  # here rather than at the first round: the time shows as loading
@@ -308,7 +308,8 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
     resolved.update(drafters=drafters, n_ctx=decoder.n_ctx, threads=decoder.threads,
                     draft_threads=decoder.draft_threads, rpc=rpc)
     settings = RunSettings(**resolved, pair=choice.pair.name if choice.pair else None,
-                           target=str(choice.target), draft=choice.draft_label,
+                           target=str(choice.target),
+                           draft="mtp" if slot == "mtp" else choice.draft_label,
                            synthetic=synthetic)
     return decoder, settings
 

@@ -134,6 +134,8 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
     if why and stats.policy_detail:
         table.add_row("why", stats.policy_detail)
     table.add_row("target on", stats.target_at)
+    if stats.rewind:
+        table.add_row("rewind", stats.rewind)
     return table
 
 

@@ -12,17 +12,19 @@ from ..errors import ContextOverflowError, InvalidParameterError
 from ..paths import cache_dir
 from .constraint import Constraint, ConstraintSpec
 from .drafting.chain import (
-    DEFAULT_DRAFTERS,
     DraftChain,
     Drafters,
     build_chain,
     check_drafters,
+    default_drafters,
+    slot_of,
 )
 from .drafting.crossvocab import CrossVocabDraft
 from .drafting.draftcache import DraftCache
 from .drafting.vocabmap import VocabMap, check_intersection
 from .llama import DraftModel, Model
-from .llama.compat import check_compatible, check_rewindable, compatible
+from .llama.compat import check_compatible, compatible
+from .llama.mtp import MtpDraft, has_mtp
 from .loop.events import Event, GenerationResult
 from .loop.lengths import DraftMax, make_policy
 from .loop.rounds import Generation, GenerationStream
@@ -58,9 +60,12 @@ class SpeculativeDecoder:
         the draft model with a draft model, else nobody (the target alone). cross_vocab: a
         draft whose tokenizer differs drafts through the tokens both vocabularies spell
         alike (engine/drafting/crossvocab.py); without it such a pair is refused."""
+        if draft is None and has_mtp(target):
+            draft = MtpDraft(target)  # the target drafts for itself (engine/llama/mtp.py)
+        slot = slot_of(draft)
         if drafters is None:
-            drafters = DEFAULT_DRAFTERS if draft is not None else ()
-        default_drafters = check_drafters(drafters, draft is not None) if drafters else ()
+            drafters = default_drafters(slot, ())
+        chosen = check_drafters(drafters, slot, target.path.name) if drafters else ()
         #: The draft as the round loop drives it (in target ids); `draft` is the model.
         self.drafter: DraftModel | None = draft
         self.cross_vocab = False
@@ -72,12 +77,10 @@ class SpeculativeDecoder:
                 self.cross_vocab = True
             else:
                 check_compatible(target, draft)
-            check_rewindable(draft, "draft")
-            check_rewindable(target, "target")
         self.target = target
         self.draft = draft
         self.p_min: float = validate_setting("p_min", p_min)
-        self.default_drafters: Drafters = default_drafters
+        self.default_drafters: Drafters = chosen
         #: Threads of each model: `threads` in all; with `draft_threads` > 0 the draft
         #: model drafts ahead on that many while the target verifies on the rest.
         self.threads = target.n_threads
@@ -125,9 +128,9 @@ class SpeculativeDecoder:
 
     def close(self) -> None:
         self.suffix_cache.save(force=True)
-        self.target.close()
-        if self.draft is not None:
+        if self.draft is not None:  # first: an MTP draft runs on the target's weights
             self.draft.close()
+        self.target.close()
 
     @property
     def n_ctx(self) -> int:
@@ -213,9 +216,8 @@ class SpeculativeDecoder:
             raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
                                         f"not {logprobs!r}")
         names = self.default_drafters if drafters is None else \
-            check_drafters(drafters, self.draft is not None) if drafters else ()
-        if names and draft_max != 0:
-            check_rewindable(self.target, "target")  # lookup drafts are cut back too
+            check_drafters(drafters, slot_of(self.draft), self.target.path.name) if drafters \
+            else ()
         committed = self._prompt(prompt)
         matcher = None if constraint is None else \
             Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
@@ -225,7 +227,7 @@ class SpeculativeDecoder:
         generation = Generation(
             self.target, chain, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
             params=params, policy=policy, stop=stop, keep_cache=keep_cache,
-            constraint=matcher, logprobs=logprobs,
+            constraint=matcher, logprobs=logprobs, draft_model=self.draft,
         )
         stream = GenerationStream()
         aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]

@@ -72,7 +72,7 @@ class PromptCache:
         """Before `prompt` is evaluated: keep a copy of the live caches if the prompt
         would drop much of them, and bring back the copy that shares most with the
         prompt where it beats the live caches. Returns the prompt tokens restored."""
-        if self.limit_bytes == 0 or not target.can_rewind:
+        if self.limit_bytes == 0:
             return 0
         with self._lock:
             return self._prepare(prompt, target, draft)

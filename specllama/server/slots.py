@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import Event, SpeculativeDecoder
 from ..engine.llama.batched import Batcher, SeqView
+from ..engine.llama.mtp import MtpDraft
 from .jobs import Engine, Evaluated, Order, Outcome
 from .promptcache import CacheFigures, PromptCache, shared
 
@@ -35,7 +36,8 @@ class Slots:
         self.engines = [self._first]
         if n > 1:
             assert decoder.target.n_seq >= n, "load the models with n_seq=n"
-            assert decoder.draft is None or decoder.draft.n_seq >= n, "the draft too"
+            assert decoder.draft is None or decoder.draft.n_seq >= n \
+                or isinstance(decoder.draft, MtpDraft), "the draft too"
             self.batcher = Batcher(decoder.target)
         self._free = list(range(n))
         self._cond = threading.Condition()
@@ -57,8 +59,13 @@ class Slots:
         cache (its corpus, the history of every slot's answers)."""
         first = self._first.decoder
         assert self.batcher is not None
-        draft = None if first.draft is None else SeqView(self.batcher, seq, first.draft)
-        decoder = SpeculativeDecoder(SeqView(self.batcher, seq), draft, p_min=first.p_min,
+        target = SeqView(self.batcher, seq)
+        # an MTP draft: a context of its own over the target's view (its decodes take
+        # turns with the batches); a draft model: its sequence of the shared draft context
+        draft = None if first.draft is None else \
+            MtpDraft(target, self.batcher.call) if isinstance(first.draft, MtpDraft) else \
+            SeqView(self.batcher, seq, first.draft)
+        decoder = SpeculativeDecoder(target, draft, p_min=first.p_min,
                                      drafters=first.default_drafters,
                                      cross_vocab=first.cross_vocab)
         decoder.policy_state = copy.deepcopy(first.policy_state)

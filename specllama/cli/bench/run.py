@@ -11,7 +11,7 @@ from typing import Any
 
 from ...engine.constraint import ConstraintSpec
 from ...engine.decoder import SpeculativeDecoder
-from ...engine.drafting.chain import check_drafters, show_drafters
+from ...engine.drafting.chain import check_drafters, show_drafters, slot_of
 from ...engine.llama import LLAMA_CPP_VERSION
 from ...engine.loop.events import GenerationResult
 from ...engine.sampling import SamplingParams
@@ -147,7 +147,7 @@ def run_bench(
         raise InvalidParameterError("no prompts to run")
     for mode in modes:  # before the long run: a mode whose drafters this pair lacks
         if mode.drafters:
-            check_drafters(mode.drafters, decoder.draft is not None)
+            check_drafters(mode.drafters, slot_of(decoder.draft), decoder.target.path.name)
     bench = _Bench(decoder, prompts, list(modes), reps, max_tokens,
                    sampling or SamplingParams(seed=DEFAULT_SEED), drafters, raw, carry,
                    constraint, progress or (lambda _msg: None))

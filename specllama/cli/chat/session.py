@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from ...engine.drafting.chain import DEFAULT_DRAFTERS, check_drafters
+from ...engine.drafting.chain import check_drafters, default_drafters, slot_of
 from ...engine.llama.kvreport import CacheReport, cache_report
 from ...engine.loop.events import Event, PromptEvaluated
 from ...engine.loop.stats import Stats
@@ -283,8 +283,9 @@ class ChatSession:
         """Change a setting; `value` may be a string as typed after /set."""
         key, value = parse_setting(name, value if isinstance(value, str) else str(value))
         if key == "drafters":
-            model = self.decoder.draft is not None
-            value = check_drafters(value or (DEFAULT_DRAFTERS if model else ("lookup",)), model)
+            slot = slot_of(self.decoder.draft)
+            value = check_drafters(value or default_drafters(slot), slot,
+                                   self.decoder.target.path.name)
         elif key == "p_min":
             self.decoder.p_min = value
         self.settings = dataclasses.replace(self.settings, **{key: value})

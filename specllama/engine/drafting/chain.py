@@ -10,7 +10,9 @@ Names:
 - `model`: the draft model; after `lookup` in a chain, what earlier replies of one shape
   agree on is spliced into its drafts free;
 - `lookup>model`: the draft model, with lookups feeding its own verification (the
-  hierarchical chain: each guess it confirms costs no draft step of its own).
+  hierarchical chain: each guess it confirms costs no draft step of its own);
+- `mtp`: the target's own MTP layers in the draft model's place (engine/llama/mtp.py),
+  for a target that has them and no draft model.
 
 `hybrid` is `lookup,model`: the default with a draft model; `lookup` without one.
 """
@@ -18,6 +20,7 @@ Names:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from ...errors import InvalidParameterError
 from ..constraint import Constraint
@@ -29,7 +32,7 @@ from .forced import ForcedDrafter
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 
-DRAFTER_NAMES = ("lookup", "model", "lookup>model")
+DRAFTER_NAMES = ("lookup", "model", "lookup>model", "mtp")
 #: Words for common chains (the former draft modes).
 SHORTHANDS: dict[str, tuple[str, ...]] = {"hybrid": ("lookup", "model")}
 #: With a draft model: lookup where the text repeats itself, the draft model elsewhere.
@@ -37,7 +40,21 @@ SHORTHANDS: dict[str, tuple[str, ...]] = {"hybrid": ("lookup", "model")}
 #: the default pair, whose model draft alone never pays (1.00x), and 1.26x with
 #: smollm2-f32 (1.03x); at T = 0.8 1.00x and 1.03x (0.99x and 1.00x the model alone).
 DEFAULT_DRAFTERS: tuple[str, ...] = ("lookup", "model")
-NEED_MODEL = frozenset({"model", "lookup>model"})
+NEED_MODEL = frozenset({"model", "lookup>model", "mtp"})  # one of them at most
+#: What holds the draft slot: a draft model, the target's MTP layers, nothing; None: unknown.
+DraftSlot = Literal["model", "mtp", "none"]
+
+
+def slot_of(model: object | None) -> DraftSlot:
+    """What a pair's draft (a DraftModel, or chat's view of one in another process) is."""
+    if model is None:
+        return "none"
+    return "mtp" if getattr(model, "drafts_as", "model") == "mtp" else "model"
+
+
+def default_drafters(slot: DraftSlot, alone: Drafters = ("lookup",)) -> Drafters:
+    """Who drafts unless told: lookup, then what holds the draft slot (`alone` if none)."""
+    return alone if slot == "none" else ("lookup", slot)
 
 Drafters = tuple[str, ...]
 
@@ -64,14 +81,26 @@ def parse_drafters(value: object) -> Drafters:
     return items
 
 
-def check_drafters(value: object, has_draft_model: bool | None = None) -> Drafters:
-    """The names, refused where they need a draft model and there is none (unknown when
+def check_drafters(value: object, slot: DraftSlot | None = None,
+                   target: str = "the target") -> Drafters:
+    """The names, refused where they need what the draft slot does not hold (unknown when
     None): the command line, /set and the API share this one rule."""
     names = parse_drafters(value)
-    if has_draft_model is False and NEED_MODEL & set(names):
+    if slot is None:
+        return names
+    if "mtp" in names and slot != "mtp":
+        raise InvalidParameterError(
+            f"drafters mtp draft with the target's own MTP layers, and {target} has none"
+            if slot == "none" else "drafters mtp draft with the target's own MTP layers, "
+            "not with a draft model: name model instead")
+    if slot == "none" and NEED_MODEL & set(names):
         raise InvalidParameterError(
             f"drafters {','.join(names)} need a draft model, but this pair has none "
             "(it drafts by lookup)")
+    if slot == "mtp" and {"model", "lookup>model"} & set(names):
+        raise InvalidParameterError(
+            f"drafters {','.join(names)} need a draft model; {target} drafts for itself "
+            "with its MTP layers: name mtp instead")
     return names
 
 
@@ -130,7 +159,7 @@ def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
     none loaded) and what lookups may copy from; `constraint`: its forced tokens first;
     `ahead`: the draft model drafts that many tokens ahead, on `ahead_threads` threads,
     while the target verifies."""
-    names = check_drafters(names, model is not None) if names else ()
+    names = check_drafters(names, slot_of(model)) if names else ()
     lookup = LookupDrafter(archives=archives) if {"lookup", "lookup>model"} & set(names) \
         else None
     drafters: list[Drafter] = [ForcedDrafter(constraint)] if constraint is not None else []
@@ -147,7 +176,8 @@ def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
                                         "shares the target's tokenizer")
         drafter = ModelDrafter(model, p_min, ends=ends, shadow=shadow, feeder=lookup,
                                feed="verify" if verify else "splice", ahead=ahead,
-                               ahead_threads=ahead_threads)
+                               ahead_threads=ahead_threads,
+                               origin="mtp" if name == "mtp" else "model")
         if lookup is not None and not verify:
             lookup.feeds = drafter
         drafters.append(drafter)

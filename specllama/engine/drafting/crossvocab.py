@@ -47,6 +47,8 @@ class CrossVocabDraft:
     from a word start before it, so between rounds the cache is the tokenizer's own.
     """
 
+    drafts_as = "model"
+
     def __init__(self, model: Model, target: Vocabulary, vmap: VocabMap) -> None:
         self.model, self.target, self.vmap = model, target, vmap
         self.path = model.path
@@ -133,6 +135,9 @@ class CrossVocabDraft:
         del self._text[self._ends[-1] if self._ends else len(self._fixed_text()):]
         # the draft tokens that spell within what is left (their ends never decrease)
         self._cut_model(bisect.bisect_right(self._draft_ends, len(self._text)))
+
+    def checkpoint(self, next_batch: int | None = None) -> None:
+        self.model.checkpoint(next_batch)
 
     def clear(self) -> None:
         self.model.clear()
@@ -271,6 +276,7 @@ class CrossVocabDraft:
         if want_logits and kept == len(wanted):
             kept -= 1  # the last row is read: decode the last token again
         self._cut_model(kept)
+        kept = len(m.cached)  # a recurrent draft may have gone back further
         ends = self._draft_ends
         for t in wanted[kept:]:
             ends.append((ends[-1] if ends else 0) + len(m.piece(t)))

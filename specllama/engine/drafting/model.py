@@ -73,6 +73,7 @@ class _Run:
     ask: Ask
     k: int
     p_min: float
+    origin: Origin
     ends: Callable[[int], bool]
     #: a policy with a stop rule reads the draft's confidence; greedy that costs a softmax
     #: over the vocabulary (0.2-0.3 ms a row here), so only then
@@ -99,7 +100,7 @@ class _Run:
             self.done = True
             return None
         token = self._draw(logits, q, proposed)
-        self.take([token], [q], "model", [sure])
+        self.take([token], [q], self.origin, [sure])
         self.done = step == "last" or len(self.draft.tokens) >= self.k or self.ends(token)
         return token
 
@@ -130,7 +131,8 @@ class ModelDrafter:
     def __init__(self, model: DraftModel, p_min: float = 0.0, *,
                  ends: Callable[[int], bool] = lambda token: False, shadow: bool = True,
                  feeder: Feeder | None = None, feed: Feed = "splice",
-                 idle: bool = False, ahead: int = 0, ahead_threads: int = 0) -> None:
+                 idle: bool = False, ahead: int = 0, ahead_threads: int = 0,
+                 origin: Origin = "model") -> None:
         """ends: the target's end of generation; shadow: read rows where the target drew
         alone (not across tokenizers: the draft's rows are not the target's positions);
         idle: never draft, only keep the cache a prefix of the text; ahead: draft up to
@@ -138,7 +140,8 @@ class ModelDrafter:
         `ahead_threads` of the model's threads (its others are the target's then)."""
         self.model, self.p_min, self.ends = model, p_min, ends
         self.feeder, self.feed, self.idle = feeder, feed, idle
-        self.name = "lookup>model" if feeder is not None and feed == "verify" else "model"
+        self.name: str = "lookup>model" if feeder is not None and feed == "verify" else origin
+        self.origin = origin  # "mtp": the model is the target's own MTP layers
         self.shadow_ok = shadow
         self.target_p: dict[int, float] = {}  # position -> p(token) the target drew alone
         #: Whether it drafted (drew a token or read a row) the last time it was asked.
@@ -215,7 +218,12 @@ class ModelDrafter:
         if not self.model.can_draft():  # a cross-vocabulary draft lost the text
             self.drafting = False
             return Draft(work=ModelWork(caught_up=caught_up, shadow=shadow))
-        run = _Run(ask, k, self.p_min, self.ends, ask.lengths.extend is not always_more)
+        # The draft's own tokens are decoded one at a time and cut back after the
+        # verdict: a recurrent draft keeps its state from here (rewind.py).
+        if k > 1:
+            self.model.checkpoint()
+        run = _Run(ask, k, self.p_min, self.origin, self.ends,
+                   ask.lengths.extend is not always_more)
         steps_from = self.model.decode_s
         if self.feeder is not None and self.feed == "verify":
             self._draw_verified(run)
@@ -327,7 +335,7 @@ class ModelDrafter:
         if take == 0:
             return None
         draft = Draft(confidences=pre.sure[:take], work=ModelWork(ahead=take))
-        draft.add(pre.tokens[:take], pre.qs[:take], "model")
+        draft.add(pre.tokens[:take], pre.qs[:take], self.origin)
         self.drafting = True
         return draft
 
@@ -337,8 +345,7 @@ class ModelDrafter:
         logits are q_1, so it must be decoded now."""
         kept = self.model.sync_to(context)
         if kept == len(context):
-            self.model.truncate(kept - 1)
-            kept -= 1
+            kept = self.model.sync_to(context[:-1])
         return kept
 
     def _catch_up(self, context: list[int], kept: int, ask: Ask) -> tuple[float, ...]:

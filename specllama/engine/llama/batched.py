@@ -243,6 +243,8 @@ class SeqView(Model):
         base = shared or batcher.base  # no load: the shared model's handles
         self.__dict__.update(base.__dict__)
         self.seq = seq
+        spare = seq + base.n_seq if base.rewinder.spare >= 0 else -1
+        self.rewinder = base.rewinder.for_seq(seq, spare)
         self.batcher = batcher
         self.shared = base
         # A new prompt's pieces: an equal share of the batch, and wide enough to stay wide.
@@ -279,15 +281,22 @@ class SeqView(Model):
 
     def logits_row(self, i: int) -> np.ndarray:
         # Nothing decodes the target again before this sequence hands in its next share.
-        return super().logits_row(self._offset + (i if i >= 0 else self._rows + i))
+        return super().logits_row(self.batch_row(i))
+
+    def batch_row(self, i: int) -> int:
+        return self._offset + (i if i >= 0 else self._rows + i)
 
     def pos_max(self) -> int:
         with self.batcher.lock:
             return super().pos_max()
 
-    def _drop_from(self, n: int) -> None:
+    def _cut_memory(self, n: int, length: int) -> int:
         with self.batcher.lock:
-            super()._drop_from(n)
+            return super()._cut_memory(n, length)
+
+    def checkpoint(self, next_batch: int | None = None) -> None:
+        with self.batcher.lock:
+            super().checkpoint(next_batch)
 
     def clear(self) -> None:
         with self.batcher.lock:

@@ -53,13 +53,3 @@ def compatible(target: Model, draft: Model) -> bool:
         return False
     return True
 
-
-def check_rewindable(model: Model, role: str) -> None:
-    """Speculation cuts rejected drafts out of the caches every round; a recurrent or
-    hybrid model keeps a running state instead of per-token entries and cannot."""
-    if not model.can_rewind:
-        raise IncompatiblePairError(
-            f"{role} {model.path.name} is a {model.memory_kind} model: its memory cannot drop "
-            "rejected draft tokens, so it cannot take part in speculative decoding; "
-            "run it as a target alone (--draft-max 0)"
-        )

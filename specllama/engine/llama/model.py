@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -24,6 +24,7 @@ from . import backend
 from . import rpc as rpc_net
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .gguf import check_gguf_file
+from .rewind import SNAPSHOTS, Rewind, Rewinder
 from .vocab import Vocabulary
 
 # llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine,
@@ -39,6 +40,8 @@ class DraftModel(Protocol):
 
     path: Path
     cached: list[int]
+    #: "mtp" where the draft is the target's own MTP layers (mtp.py)
+    drafts_as: str
 
     @property
     def decode_s(self) -> float: ...
@@ -48,6 +51,7 @@ class DraftModel(Protocol):
     def logits_row(self, i: int) -> np.ndarray: ...
     def sync_to(self, tokens: list[int]) -> int: ...
     def truncate(self, n: int) -> None: ...
+    def checkpoint(self, next_batch: int | None = None) -> None: ...
     def clear(self) -> None: ...
     def pos_max(self) -> int: ...
     def can_draft(self) -> bool: ...
@@ -66,6 +70,8 @@ class KVState:
 
 class Model(Vocabulary):
     """One GGUF model with its own KV cache, driven token by token."""
+
+    drafts_as = "model"
 
     def __init__(
         self,
@@ -95,15 +101,21 @@ class Model(Vocabulary):
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_seq = max(1, n_seq)
         self.seq = 0  # the sequence id this object decodes into
+        self.memory_kind = _memory_kind(model)
         ctx = self._create_context(model, n_ctx)
         self._ctx = ctx
         self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_seq
         self._mem = lc.llama_get_memory(ctx)
+        # How a cut back runs (rewind.py); a recurrent state's checkpoints live in spare
+        # sequences n_seq.. (one a sequence).
+        best: Rewind = "trim" if self.memory_kind == "transformer" else \
+            "snapshot" if lc.llama_n_rs_seq(ctx) > 0 else "copy"
+        self.rewinder = Rewinder(self._mem, 0, -1 if best == "trim" else self.n_seq, best,
+                                 int(lc.llama_n_rs_seq(ctx)))
         # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
         # the end) is read as a stand-in: it costs acceptance, never exactness.
         newline = int(lc.llama_vocab_nl(self._vocab))
         self._stand_in = newline if 0 <= newline < self.n_vocab else 0
-        self.memory_kind = _memory_kind(model)
         self._row_type = ctypes.c_float * self.n_vocab
         self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
         self._fast_logits = backend.logits_address()
@@ -115,6 +127,8 @@ class Model(Vocabulary):
         self.decode_s = 0.0  # wall time inside llama_decode
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
         self.decode_calls = 0
+        #: called with (start, n) after each decode lands (mtp.py keeps hidden states)
+        self.on_decoded: Callable[[int, int], None] | None = None
         self.others = 0  # tokens of other sequences in the last decode (batched.py)
         self.companions = 0  # other requests in progress (batched.py)
         self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
@@ -122,6 +136,10 @@ class Model(Vocabulary):
     def _load_model(self) -> Any:
         """Load the weights (onto the RPC servers when there are any) and adopt them."""
         mparams = lc.llama_model_default_params()
+        # MTP layers load with the rest (about one layer): a file that has them can draft
+        # for itself (mtp.py), and an MTP context never meets a model loaded without them
+        # (llama.cpp aborts the process then).
+        mparams.load_mtp = True
         if backend.amx_built_in():
             mparams.use_extra_bufts = False
         if self.rpc:
@@ -135,6 +153,8 @@ class Model(Vocabulary):
                 "the file may be truncated or of an unsupported architecture"
             )
         self._adopt(model)
+        self.n_nextn = int(lc.llama_model_n_layer_nextn(model))
+        self.n_embd = int(lc.llama_model_n_embd_out(model))
         return model
 
     def _create_context(self, model: Any, n_ctx: int) -> Any:
@@ -144,10 +164,18 @@ class Model(Vocabulary):
         cparams.n_ctx = n_ctx * self.n_seq
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = self.n_seq
+        spares = self.memory_kind != "transformer"  # rewind.py's checkpoints
+        cparams.n_seq_max = self.n_seq * (2 if spares else 1)
         # One KV buffer for every sequence: a batch of several sequences is then one
-        # ubatch (separate buffers split it into equal per-sequence slices).
-        cparams.kv_unified = self.n_seq > 1
+        # ubatch (separate buffers split it into equal per-sequence slices), and a
+        # checkpoint shares cells rather than copying them.
+        cparams.kv_unified = cparams.n_seq_max > 1
+        # Recurrent states kept per token for a rollback (granted only to the archs
+        # llama.cpp lists; clamped to 0 elsewhere).
+        cparams.n_rs_seq = SNAPSHOTS if spares else 0
+        # A sliding-window cache keeps every cell: a rollback past the window then never
+        # finds pruned cells missing (llama.cpp's default; stated, as we rely on it).
+        cparams.swa_full = True
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         ctx = lc.llama_init_from_model(model, cparams)
@@ -205,15 +233,18 @@ class Model(Vocabulary):
         self.decode_s += seconds
         self.decode_calls += 1
         if rc != 0:
-            del self.cached[start:]
-            self._drop_from(start)
+            self.rewinder.failed()
+            self._cut(start)
             if rc == 1:
                 raise ContextOverflowError(
                     f"{self.path.name}: no room in the KV cache for {len(tokens)} more tokens"
                 )
             raise DecodeError(f"{self.path.name}: llama_decode failed with code {rc} on "
                               f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
+        self.rewinder.decoded(start, start + len(tokens))
         self.tokens_evaluated += len(tokens)
+        if self.on_decoded is not None:
+            self.on_decoded(start, len(tokens))
 
     def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
         """One llama_decode of `tokens` at positions from `start`: its return code and
@@ -295,6 +326,10 @@ class Model(Vocabulary):
             raise IndexError(f"no logits for row {i} of the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def batch_row(self, i: int) -> int:
+        """Row i of this object's last decode as a row of the batch that carried it."""
+        return i
+
     def can_draft(self) -> bool:
         """A model can always draft from its cache (a cross-vocabulary view may not)."""
         return True
@@ -303,35 +338,44 @@ class Model(Vocabulary):
         """Highest position the KV cache really holds (-1 when empty)."""
         return int(lc.llama_memory_seq_pos_max(self._mem, self.seq))
 
+    def pos_min(self) -> int:
+        """Lowest position it holds (above 0 where a sliding window pruned cells)."""
+        return int(lc.llama_memory_seq_pos_min(self._mem, self.seq))
+
     def truncate(self, n: int) -> None:
         """Keep the first n cached tokens, drop the rest (trusting `cached`: a cache
         an interrupt may have left mid-update is sync_to's to repair)."""
         if n < len(self.cached):
-            self._drop_from(n)
-            del self.cached[n:]
+            self._cut(n)
 
-    @property
-    def can_rewind(self) -> bool:
-        """Whether the memory can drop a suffix (False for recurrent and hybrid models)."""
-        return self.memory_kind == "transformer"
+    def checkpoint(self, next_batch: int | None = None) -> None:
+        """The state here may be wanted back: a recurrent model keeps a copy unless its
+        own snapshots will do (next_batch: the size of the one batch that follows, when
+        a cut keeps at least its first token). Nothing for a KV cache (rewind.py)."""
+        self.rewinder.checkpoint(len(self.cached), next_batch)
 
-    def _drop_from(self, n: int) -> None:
-        if not self.can_rewind and n > 0:
-            # A recurrent state cannot be cut back (llama.cpp may even drop all of it and
-            # report success): rebuild it from the tokens kept. Correct, and rare outside
-            # speculation, which refuses such models.
-            kept = self.cached[:n]
-            self.clear()
-            del self.cached[:]
-            self.decode(kept, "none")
-            return
-        if not lc.llama_memory_seq_rm(self._mem, self.seq, n, -1):
+    def _cut(self, n: int, *, lazy: bool = False) -> int:
+        """Drop positions n.. by the cheapest exact path (rewind.py). A recurrent state
+        may have to go back further: the tokens between are decoded again, or with
+        `lazy` left to the caller. Returns the tokens the cache then holds."""
+        tokens = self.cached[:n]
+        kept = self._cut_memory(n, max(len(self.cached), n))
+        if kept < 0:
             raise KVCacheError(
                 f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
                 "stopping rather than continuing with a cache that holds what it should not"
             )
+        del self.cached[kept:]
+        if kept < n and not lazy:
+            self.rewinder.counts.redecoded_tokens += n - kept
+            self.decode(tokens[kept:], "none")
+        return len(self.cached)
+
+    def _cut_memory(self, n: int, length: int) -> int:
+        return self.rewinder.cut(n, length)
 
     def clear(self) -> None:
+        self.rewinder.forget()
         if self.n_seq == 1:
             lc.llama_memory_clear(self._mem, True)
         else:
@@ -373,8 +417,7 @@ class Model(Vocabulary):
             while cached[keep] == tokens[keep]:
                 keep += 1
         if keep < len(cached) or keep < real_end:
-            self._drop_from(keep)
-            del cached[keep:]
+            keep = self._cut(keep, lazy=True)
         return keep
 
 

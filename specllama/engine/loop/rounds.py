@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,6 +96,7 @@ class Generation:
         keep_cache: bool,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
+        draft_model: Model | None = None,
     ) -> None:
         """chain: who drafts (forced tokens of `constraint` first where it has them);
         constraint: what the output must follow (every row masked by it); logprobs: keep
@@ -114,6 +115,9 @@ class Generation:
         self.text = TextStream(target.piece, stop)
         self.stats = Stats(prompt_tokens=self.n_prompt, target_at=target.placement)
         self.finish: FinishReason | None = None
+        # How each cache's cuts ran this call (recurrent models: llama/rewind.py).
+        self._rewinds = [(role, m, replace(m.rewinder.counts)) for role, m in
+                         (("target", target), ("draft", draft_model)) if m is not None]
 
     def run(self, out: GenerationStream) -> Generator[Event, None, None]:
         yield self._evaluate_prompt()
@@ -175,6 +179,8 @@ class Generation:
 
     def _verify(self, draft: Draft) -> tuple[Verdict, Rows]:
         """One target pass over [last, d1..dk] gives p_1..p_{k+1}; the exact rule."""
+        if draft.tokens:  # a recurrent state's way back (llama/rewind.py)
+            self.target.checkpoint(1 + len(draft.tokens))
         self.target.decode([self.committed[-1], *draft.tokens],
                            "all" if draft.tokens else "last")
         rows = Rows(draft, self._row, self.params)
@@ -271,6 +277,9 @@ class Generation:
         s.policy_detail = self.policy.explain()
         s.predicted_speedup = self.policy.predicted_speedup()
         s.tokens = len(self.generated)
+        s.rewind = "; ".join(f"{role} {line}" for role, m, before in self._rewinds
+                             if (line := m.rewinder.counts.since(before)
+                                 .describe(m.rewinder.best)))
         if self.constraint is not None:
             s.mask_s = self.constraint.mask_s
         return self._result(self.finish or "interrupted")

@@ -52,6 +52,8 @@ class Stats:
     # whether the model of this machine holds.
     predicted_speedup: float | None = None
     target_at: str = "local CPU"  # where the target's layers run (Model.placement)
+    # How recurrent caches dropped rejected drafts (llama/rewind.py): "" for KV caches.
+    rewind: str = ""
 
     def record(self, r: RoundVerified) -> None:
         """One round: its drafts by source and origin, what it put into the output, and
@@ -73,7 +75,7 @@ class Stats:
             took = int(i < m)
             self.origin_drafted[origin] = self.origin_drafted.get(origin, 0) + 1
             self.origin_accepted[origin] = self.origin_accepted.get(origin, 0) + took
-            if r.source == "model":  # copied into a model's draft from earlier replies
+            if r.source == "model" and origin != "mtp":  # spliced from earlier replies
                 self.spliced += 1
                 self.spliced_accepted += took
         if r.work.ahead:
@@ -150,6 +152,7 @@ class Stats:
                      "plain_own_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.target_at = other.target_at
+        self.rewind = other.rewind
         self._grow(len(other.drafted_at))
         for i, (d, r, a) in enumerate(zip(other.drafted_at, other.reached_at, other.accepted_at)):
             self.drafted_at[i] += d

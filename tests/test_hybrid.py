@@ -1,0 +1,347 @@
+"""Hybrid and recurrent models as target and as draft, exact: Qwen3.5 (gated delta-net
+layers with attention) and LFM2 (short convolutions with attention), whose states llama.cpp
+snapshots per token; Mamba (recurrent only), whose states it cannot take back at all; and
+Gemma 3's sliding window.
+
+Every kind of cut a cache takes (engine/llama/rewind.py: snapshot, checkpoint copy, or
+decoding again) is checked against a fresh decode of the same tokens, the path it took is
+the one expected, speculative output is greedy-identical to the target alone, and sampled
+output follows the target's exact law, with a test that rejects a wrong rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from drafts import GREEDY
+from hybridmodels import write_tiny_gemma3, write_tiny_lfm2, write_tiny_qwen35
+from test_exactness import empirical_joint, exact_joint, goodness_of_fit
+from test_parallel import assert_caches_consistent, at_once, order, parallel
+from tinymodels import write_tiny_mamba, write_tiny_model
+
+import specllama.engine.sampling as sampling_module
+from specllama import RoundVerified, SamplingParams, SpeculativeDecoder
+from specllama.cli import cli
+from specllama.engine.constraint import ConstraintSpec
+from specllama.engine.llama import Model
+from specllama.engine.llama.rewind import Rewinder
+
+#: writer, the noise that makes a draft that mostly agrees, and the best cut llama.cpp allows
+FAMILIES = {
+    "qwen35": (write_tiny_qwen35, 0.02, "snapshot"),
+    "lfm2": (write_tiny_lfm2, 0.02, "snapshot"),
+    "mamba": (write_tiny_mamba, 0.05, "copy"),
+}
+TEXT = "the cat sat on the mat and the dog ran to the big red house on the hill by the sea "
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """family -> (target, draft): a draft is the target's weights plus noise."""
+    d = tmp_path_factory.mktemp("hybrid")
+    return {name: (w(d / f"{name}.gguf"), w(d / f"{name}-draft.gguf", noise=noise))
+            for name, (w, noise, _) in FAMILIES.items()}
+
+
+def fresh_row(path, tokens: list[int]) -> np.ndarray:
+    m = Model(path, n_ctx=256, n_threads=1)
+    try:
+        m.decode(tokens, "last")
+        return m.logits_row(-1).copy()
+    finally:
+        m.close()
+
+
+# ---------------------------------------------------------------- every cut vs a fresh decode
+# Each case leaves the cache cut back to n tokens (or fewer, where a lazy cut went further);
+# the next token's logits must be those of a fresh decode of the first n + 1 tokens.
+
+
+def verify_pass(m: Model, t: list[int]) -> int:
+    m.decode(t[:10], "none")
+    m.checkpoint(5)
+    m.decode(t[10:15], "all")  # [last, d1..d4]; d1 accepted
+    m.truncate(12)
+    return 12
+
+
+def drafts_one_at_a_time(m: Model, t: list[int]) -> int:
+    m.decode(t[:13], "last")
+    m.checkpoint()
+    for token in t[13:17]:
+        m.decode([token], "last")
+    m.truncate(14)  # the trap: the last batch was one token
+    return 14
+
+
+def whole_last_batch(m: Model, t: list[int]) -> int:
+    m.decode(t[:16], "none")
+    m.decode(t[16:20], "last")
+    m.truncate(16)
+    return 16
+
+
+def twice_after_one_decode(m: Model, t: list[int]) -> int:
+    m.decode(t[:20], "none")
+    m.decode(t[20:26], "all")
+    m.truncate(24)
+    m.truncate(22)  # a snapshot serves one rollback a decode
+    return 22
+
+
+def back_past_earlier_rounds(m: Model, t: list[int]) -> int:
+    m.decode(t[:10], "none")
+    m.checkpoint(4)
+    m.decode(t[10:14], "all")
+    m.truncate(11)
+    m.decode(t[11:20], "last")
+    m.truncate(7)  # a stop string reaching into earlier rounds
+    return 7
+
+
+def longer_than_the_snapshots(m: Model, t: list[int]) -> int:
+    m.decode(t[:10], "none")
+    m.checkpoint(25)
+    m.decode(t[10:35], "all")  # a long lookup or forced run
+    m.truncate(12)
+    return 12
+
+
+def lazy_sync_to_a_diverging_prompt(m: Model, t: list[int]) -> int:
+    m.decode(t[:12], "none")
+    m.checkpoint()
+    m.decode(t[12:20], "none")
+    kept = m.sync_to(t[:15] + [t[3]])  # a chat turn that goes another way
+    assert kept <= 15
+    return 15
+
+
+CUTS = [verify_pass, drafts_one_at_a_time, whole_last_batch, twice_after_one_decode,
+        back_past_earlier_rounds, longer_than_the_snapshots, lazy_sync_to_a_diverging_prompt]
+#: the path each cut takes where llama.cpp snapshots ("snapshot") and where it cannot ("copy")
+PATHS = {
+    "snapshot": ["snapshot", "copy", "redecode", "redecode", "redecode", "copy", "snapshot"],
+    "copy": ["copy", "copy", "redecode", "redecode", "redecode", "copy", "copy"],
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("cut", CUTS, ids=lambda f: f.__name__)
+def test_every_cut_gives_what_a_fresh_decode_gives(pairs, family, cut):
+    target = pairs[family][0]
+    m = Model(target, n_ctx=256, n_threads=1)
+    try:
+        t = m.tokenize(TEXT * 2)
+        n = cut(m, t)
+        held = len(m.cached)
+        assert m.cached == t[:held] and held <= n
+        assert m.pos_max() + 1 == held  # llama.cpp agrees with the bookkeeping
+        m.decode(t[held : n + 1], "last")
+        np.testing.assert_allclose(m.logits_row(-1), fresh_row(target, t[: n + 1]), atol=1e-3)
+        best = FAMILIES[family][2]
+        assert m.rewinder.best == best
+        assert m.rewinder.last == PATHS[best][CUTS.index(cut)]
+    finally:
+        m.close()
+
+
+def test_the_cut_test_catches_a_stale_state(pairs, monkeypatch):
+    """llama.cpp returns True for a rollback past its last batch and leaves the state
+    of the wrong token: taking its word (the snapshot path without the checks) fails the
+    comparison with a fresh decode, so the test above has teeth."""
+    monkeypatch.setattr(Rewinder, "plan", lambda self, n, length: "snapshot")
+    target = pairs["qwen35"][0]
+    m = Model(target, n_ctx=256, n_threads=1)
+    try:
+        t = m.tokenize(TEXT * 2)
+        n = drafts_one_at_a_time(m, t)
+        m.decode([t[n]], "last")
+        assert np.abs(m.logits_row(-1) - fresh_row(target, t[: n + 1])).max() > 0.05
+    finally:
+        m.close()
+
+
+def test_a_sliding_window_cache_keeps_every_cell_and_cuts_back_exactly(tmp_path):
+    """Gemma 3 with a window of 8: 40 tokens in, llama.cpp still holds position 0 (the
+    full-size cache), and a verify pass cut back past the window reads as a fresh decode."""
+    path = write_tiny_gemma3(tmp_path / "gemma3.gguf", sliding_window=8)
+    m = Model(path, n_ctx=256, n_threads=1)
+    try:
+        t = m.tokenize(TEXT * 2)
+        m.decode(t[:40], "none")
+        m.decode(t[40:46], "all")
+        assert (m.pos_min(), m.pos_max()) == (0, 45)
+        m.truncate(41)
+        m.decode([t[41]], "last")
+        np.testing.assert_allclose(m.logits_row(-1), fresh_row(path, t[:42]), atol=1e-3)
+        assert m.rewinder.best == "trim"
+    finally:
+        m.close()
+
+
+# ---------------------------------------------------------------- speculation on them
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_speculation_equals_the_target_alone(pairs, family):
+    target, draft = pairs[family]
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    drafted = accepted = 0
+    try:
+        for prompt in ("the cat sat on the", TEXT, "once upon a time there"):
+            alone = dec.generate(prompt, max_tokens=48, sampling=GREEDY, draft_max=0).tokens
+            for kwargs in ({"draft_max": 2, "drafters": ("model",)},
+                           {"draft_max": 5, "drafters": ("model",)},
+                           {"draft_max": "auto", "drafters": ("lookup", "model")},
+                           {"draft_max": 6, "drafters": ("lookup",)}):
+                res = dec.generate(prompt, max_tokens=48, sampling=GREEDY, **kwargs)
+                assert res.tokens == alone, kwargs
+                drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+        assert drafted > accepted > 0  # cut back, and it agreed
+        best = FAMILIES[family][2]
+        spec = dec.generate("the cat sat on the", max_tokens=48, sampling=GREEDY,
+                            draft_max=4, drafters=("model",))
+        assert spec.stats.rewind.startswith(f"target {best} (")
+        assert "; draft " in spec.stats.rewind
+    finally:
+        dec.close()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_invariant_holds_after_every_round(pairs, family):
+    target, draft = pairs[family]
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    try:
+        history = dec.tokenize(TEXT)
+        stream = dec.stream(TEXT, max_tokens=40, sampling=SamplingParams(0.8, seed=3),
+                            draft_max=4, drafters=("lookup", "model"))
+        out: list[int] = []
+        for event in stream:
+            if isinstance(event, RoundVerified):
+                out += [*event.drafted[: event.accepted], event.token][: event.emitted]
+                assert dec.target.cached == (history + out)[:-1]
+                held = dec.draft.cached
+                assert held == (history + out)[: len(held)]
+                assert dec.draft.pos_max() + 1 == len(held)
+    finally:
+        dec.close()
+
+
+# ---------------------------------------------------------------- the exact law
+
+CHAIN = SamplingParams(temperature=1.0, top_k=3)
+RUNS = 2500
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampled_speculation_follows_the_target_law(pairs, family):
+    """The first three tokens over seeded runs (drafts of 3 from the noisy draft model,
+    caches kept between runs) against their exact law from the target's logits."""
+    target, draft = pairs[family]
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
+    probe = Model(target, n_ctx=256, n_threads=1)
+    try:
+        prompt = dec.tokenize("the cat sat on the")
+        exact = exact_joint(probe, prompt, CHAIN, 3)
+        counts, drafted_at, accepted_at = empirical_joint(
+            dec, prompt, CHAIN, 3, RUNS, generate=4, draft_max=3, drafters=("model",))
+        assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
+        assert goodness_of_fit(counts, exact) > 1e-3
+    finally:
+        probe.close()
+        dec.close()
+
+
+def test_the_law_test_rejects_a_wrong_rule(pairs, monkeypatch):
+    """Accepting every draft gives the draft's law, which the same test rejects."""
+    monkeypatch.setattr(sampling_module, "acceptance_probability", lambda p, q, d: 1.0)
+    target, draft = pairs["qwen35"]
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
+    probe = Model(target, n_ctx=256, n_threads=1)
+    try:
+        prompt = dec.tokenize("the cat sat on the")
+        exact = exact_joint(probe, prompt, CHAIN, 3)
+        counts, _, _ = empirical_joint(dec, prompt, CHAIN, 3, RUNS, generate=4, draft_max=3,
+                                       drafters=("model",))
+        for key in counts:
+            exact.setdefault(key, 1e-12)
+        assert goodness_of_fit(counts, exact) < 1e-6
+    finally:
+        probe.close()
+        dec.close()
+
+
+# ---------------------------------------------------------------- the rest of the product
+
+
+def test_parallel_slots_and_the_prompt_cache_on_a_hybrid_pair(pairs):
+    """`serve --parallel 2`: four greedy requests at once equal each alone, every
+    sequence's cache ends where its bookkeeping says, and a prompt cache copy made on one
+    slot restores into the other."""
+    target, draft = pairs["qwen35"]
+    alone = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    try:
+        prompts = [alone.tokenize(p) for p in ("the cat sat on the", TEXT, "a b c d e f g",
+                                                "once upon a time there")]
+        expected = [alone.generate(p, max_tokens=32, sampling=GREEDY, draft_max=3,
+                                   drafters=("lookup", "model")).tokens for p in prompts]
+    finally:
+        alone.close()
+    with parallel(target, draft, 2, cache_bytes=64 << 20) as slots:
+        orders = [order(i, p, max_tokens=32) for i, p in enumerate(prompts)]
+        outcomes = at_once(slots, orders)
+        assert [o.result.tokens for o in outcomes] == expected
+        assert_caches_consistent(slots)
+        again = at_once(slots, [order(9, prompts[1], max_tokens=32)])[0]
+        assert again.result.tokens == expected[1]
+        assert_caches_consistent(slots)
+
+
+def test_constraints_and_a_draft_across_tokenizers_on_a_hybrid_target(pairs, tmp_path):
+    """A JSON schema on a hybrid pair, and a hybrid target drafted by a llama model with
+    another tokenizer (--cross-vocab): both greedy-identical to the target alone."""
+    target, draft = pairs["lfm2"]
+    schema = ConstraintSpec.json_schema({"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]})
+    dec = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    try:
+        alone = dec.generate(TEXT, max_tokens=40, sampling=GREEDY, draft_max=0,
+                             constraint=schema)
+        spec = dec.generate(TEXT, max_tokens=40, sampling=GREEDY, draft_max=3,
+                            constraint=schema)
+        assert spec.tokens == alone.tokens and spec.stats.forced > 0
+    finally:
+        dec.close()
+    other = write_tiny_model(tmp_path / "split.gguf", vocab="a_split")
+    dec = SpeculativeDecoder.load(target, other, n_ctx=512, n_threads=1, p_min=0.0,
+                                  cross_vocab=True)
+    try:
+        alone_tokens = dec.generate(TEXT, max_tokens=32, sampling=GREEDY, draft_max=0).tokens
+        spec = dec.generate(TEXT, max_tokens=32, sampling=GREEDY, draft_max=3,
+                            drafters=("model",))
+        assert spec.tokens == alone_tokens and spec.stats.drafted > 0
+    finally:
+        dec.close()
+
+
+def test_the_cli_runs_a_hybrid_pair_and_says_how_it_cut_back(pairs):
+    target, draft = pairs["qwen35"]
+    result = CliRunner().invoke(cli, ["generate", TEXT, "--raw", "--target", str(target),
+                                      "--draft", str(draft), "--draft-max", "4",
+                                      "--max-tokens", "24", "--temperature", "0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    stats = json.loads(result.stdout)["stats"]
+    assert stats["rewind"].startswith("target snapshot (")
+    assert "draft " in stats["rewind"]
+
+
+def test_a_target_alone_drafts_by_lookup(pairs):
+    """--target without --draft: prompt-lookup drafts, no second file."""
+    target, _ = pairs["qwen35"]
+    result = CliRunner().invoke(cli, ["generate", TEXT * 2, "--raw", "--target", str(target),
+                                      "--max-tokens", "24", "--temperature", "0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["draft"] == "lookup" and report["stats"]["tokens"] > 0

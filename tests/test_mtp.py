@@ -1,0 +1,151 @@
+"""A target that drafts for itself with its MTP ("nextn") layers (engine/llama/mtp.py):
+no second file, exact under p/q at any temperature.
+
+The tiny Qwen3.5 here has an MTP block built to agree with its target (a copy of its
+attention layer fed the token's embedding, with the recurrent layers turned down:
+tests/hybridmodels.py), so drafts are accepted often enough to test the rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from drafts import GREEDY
+from hybridmodels import write_tiny_qwen35
+from test_cli import assert_one_line_error
+from test_exactness import empirical_joint, exact_joint, goodness_of_fit
+from test_parallel import at_once
+
+import specllama.engine.sampling as sampling_module
+from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
+from specllama.cli import cli
+from specllama.cli.options import measure_costs
+from specllama.engine.llama import Model
+from specllama.engine.llama.mtp import MtpDraft
+from specllama.server.jobs import Order
+from specllama.server.prompts import Work
+from specllama.server.slots import Slots
+
+PROMPTS = ["the cat sat on the", "once upon a time there", "a b c d e f g"]
+CHAIN = SamplingParams(temperature=0.8, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def mtp_target(tmp_path_factory):
+    return write_tiny_qwen35(tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf", mtp=True,
+                             mtp_agrees=0.05, recurrent_gain=0.05)
+
+
+@pytest.fixture(scope="module")
+def dec(mtp_target):
+    d = SpeculativeDecoder.load(mtp_target, n_ctx=512, n_threads=1, p_min=0.0)
+    yield d
+    d.close()
+
+
+def test_a_target_with_mtp_layers_drafts_for_itself_by_default(dec):
+    assert isinstance(dec.draft, MtpDraft)
+    assert dec.default_drafters == ("lookup", "mtp")
+
+
+def test_mtp_drafts_in_one_batch_read_as_one_at_a_time(dec):
+    """The MTP context's cache: a batch and token-by-token decodes give the same rows."""
+    m, t = dec.draft, dec.target
+    tokens = dec.tokenize("the cat sat on the mat and the dog ran")
+    t.clear()
+    m.clear()
+    t.decode(tokens, "none")
+    m.decode(tokens, "all")
+    rows = [m.logits_row(i).copy() for i in range(len(tokens))]
+    m.truncate(3)
+    for i in range(3, len(tokens)):
+        m.decode([tokens[i]], "last")
+        np.testing.assert_allclose(m.logits_row(-1), rows[i], atol=1e-3)
+    t.clear()
+    m.clear()
+
+
+@pytest.mark.parametrize("draft_max", [1, 3, 6, "auto"])
+def test_greedy_mtp_speculation_equals_the_target_alone(dec, draft_max):
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        alone = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=0).tokens
+        res = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=draft_max,
+                           drafters=("mtp",))
+        assert res.tokens == alone
+        drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+        assert set(res.stats.origin_drafted) <= {"mtp"}
+    if draft_max != "auto":
+        assert drafted > accepted > 0.3 * drafted  # the built-in agreement shows
+
+
+def test_mtp_speculation_follows_the_target_law(dec, mtp_target):
+    probe = Model(mtp_target, n_ctx=256, n_threads=1)
+    try:
+        prompt = dec.tokenize(PROMPTS[0])
+        exact = exact_joint(probe, prompt, CHAIN, 3)
+        counts, drafted_at, accepted_at = empirical_joint(
+            dec, prompt, CHAIN, 3, 2500, generate=4, draft_max=3, drafters=("mtp",))
+        assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
+        assert goodness_of_fit(counts, exact) > 1e-3
+    finally:
+        probe.close()
+
+
+def test_the_mtp_law_test_rejects_a_wrong_rule(dec, mtp_target, monkeypatch):
+    monkeypatch.setattr(sampling_module, "acceptance_probability", lambda p, q, d: 1.0)
+    probe = Model(mtp_target, n_ctx=256, n_threads=1)
+    try:
+        prompt = dec.tokenize(PROMPTS[0])
+        exact = exact_joint(probe, prompt, CHAIN, 3)
+        counts, _, _ = empirical_joint(dec, prompt, CHAIN, 3, 2500, generate=4, draft_max=3,
+                                       drafters=("mtp",))
+        for key in counts:
+            exact.setdefault(key, 1e-12)
+        assert goodness_of_fit(counts, exact) < 1e-6
+    finally:
+        probe.close()
+
+
+def test_mtp_under_parallel_slots(mtp_target, dec):
+    """`serve --parallel 2`: each slot's MTP context drafts over its view of the target;
+    three greedy requests at once equal each alone."""
+    prompts = [dec.tokenize(p) for p in PROMPTS]
+    expected = [dec.generate(p, max_tokens=32, sampling=GREEDY, draft_max=3,
+                             drafters=("lookup", "mtp")).tokens for p in prompts]
+    orders = [Order(i, Work("completion", p, 32, GREEDY, ()), "all", 3, ("lookup", "mtp"))
+              for i, p in enumerate(prompts)]
+    decoder = SpeculativeDecoder(Model(mtp_target, n_ctx=512, n_threads=1, n_seq=2))
+    slots = Slots(decoder, 2, lambda: measure_costs(decoder, "auto", False, lambda _: None))
+    try:
+        slots.prepare()
+        outcomes = at_once(slots, orders)
+        assert [o.result.tokens for o in outcomes] == expected
+        assert sum(o.result.stats.origin_drafted.get("mtp", 0) for o in outcomes) > 0
+        for engine in slots.engines:
+            assert isinstance(engine.decoder.draft, MtpDraft)
+            view = engine.decoder.target
+            assert view.pos_max() + 1 == len(view.cached)
+    finally:
+        slots.close()
+        decoder.close()
+
+
+def test_asking_for_mtp_without_mtp_layers_names_the_file(tiny_target, run):
+    with pytest.raises(InvalidParameterError, match=f"{tiny_target.name} has none"):
+        SpeculativeDecoder.load(tiny_target, n_ctx=128, n_threads=1, drafters=("mtp",))
+    assert_one_line_error(run("generate", "hi", "--target", tiny_target, "--drafters", "mtp"),
+                          "drafters mtp", f"{tiny_target.name} has none")
+
+
+def test_the_cli_drafts_with_mtp_and_reports_it(mtp_target):
+    result = CliRunner().invoke(cli, ["generate", PROMPTS[0], "--raw", "--target",
+                                      str(mtp_target), "--max-tokens", "24",
+                                      "--draft-max", "3", "--temperature", "0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["draft"] == "mtp"
+    assert report["settings"]["drafters"] == ["lookup", "mtp"]
+    assert report["stats"]["origin_drafted"].get("mtp", 0) > 0
