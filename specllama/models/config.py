@@ -154,12 +154,13 @@ class _Loader(SourceReader):
                 toml_key("pairs", name, "description"), f"must be a string, {got(description)}"
             )
 
-        for required in ("target", "draft"):
-            if required not in raw:
-                self.fail(toml_key("pairs", name, required), "required but missing")
+        if "target" not in raw:
+            self.fail(toml_key("pairs", name, "target"), "required but missing")
         raw_target, target_rpc = self.target_rpc(raw["target"], ("pairs", name, "target"))
         raw_target, target_quant = self.file_quant(raw_target, ("pairs", name, "target"))
-        raw_draft, draft_quant = self.file_quant(raw["draft"], ("pairs", name, "draft"))
+        # no draft: the target drafts for itself (lookup, and its MTP layers if it has any)
+        raw_draft, draft_quant = self.file_quant(raw.get("draft", "lookup"),
+                                                 ("pairs", name, "draft"))
         target = self.source(raw_target, ("pairs", name, "target"), role="target")
         draft = self.source(raw_draft, ("pairs", name, "draft"), role="draft")
         self.check_layers(target, draft, ("pairs", name, "draft", "layers"))

@@ -103,8 +103,8 @@ class SyntheticSpec:
             raise ValueError(f"unknown shape {self.shape!r}; expected one of {tuple(SHAPES)}")
         if self.quant not in DERIVE_QUANTS:
             raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
-        if not 1 <= self.early <= SHAPES[self.shape].layers:
-            raise ValueError(f"early must be 1..{SHAPES[self.shape].layers}, got {self.early}")
+        if not 0 <= self.early <= SHAPES[self.shape].layers:
+            raise ValueError(f"early must be 0..{SHAPES[self.shape].layers}, got {self.early}")
         if not 0.0 <= self.late <= MAX_LATE:
             raise ValueError(f"late must be in [0, {MAX_LATE:g}], got {self.late}")
         if self.seed < 0:
@@ -258,7 +258,7 @@ class ModelSource:
         if self.kind == "synthetic":
             assert self.synthetic is not None
             return self.synthetic.describe()
-        return "prompt lookup (no draft model)"
+        return "prompt lookup (no draft model), and the target's MTP layers if it has them"
 
     @property
     def derive_tag(self) -> str:

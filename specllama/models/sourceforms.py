@@ -301,9 +301,9 @@ class SourceReader:
             spec["quant"] = self.quant(raw["quant"], toml_key(*parts, "quant"))
         n_layers = SHAPES[shape].layers
         early = raw.get("early")
-        if early is not None and (not _is_int(early) or not 1 <= early <= n_layers):
+        if early is not None and (not _is_int(early) or not 0 <= early <= n_layers):
             self.fail(toml_key(*parts, "early"),
-                      f"must be a whole number from 1 to the shape's {n_layers} layers, "
+                      f"must be a whole number from 0 to the shape's {n_layers} layers, "
                       f"{got(early)}")
         late = raw.get("late")
         if late is not None and (not _is_number(late) or not 0 <= late <= MAX_LATE):

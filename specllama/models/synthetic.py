@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import DraftDerivationError, ModelLoadError
 from ..paths import cache_dir
+from . import synthetic_hybrid as hybrid
 from .makeonce import CacheKind, make_once
 
 #: The metadata key holding the sentence that says a model is synthetic.
@@ -46,7 +47,8 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Shape:
-    """The dimensions of a real model (llama architecture; an untied output head)."""
+    """The dimensions of a real model (llama architecture unless `arch` says otherwise;
+    an untied output head)."""
 
     title: str  # the model it has the shape of, in words
     d: int  # embedding length
@@ -58,6 +60,17 @@ class Shape:
     context: int = 4096
     rope_base: float = 10000.0
     rms_eps: float = 1e-5
+    # hybrid layouts (synthetic_hybrid.py): "qwen35" or "lfm2"
+    arch: str = "llama"
+    head_dim_: int = 0  # 0: d / heads
+    attn_every: int = 0  # qwen35: gated attention every this many layers
+    attn_layers: tuple[int, ...] = ()  # lfm2: the attention layers (the rest convolve)
+    ssm: tuple[int, int, int] = (0, 0, 0)  # qwen35 delta-net: head size, k heads, v heads
+    mtp: int = 0  # MTP ("nextn") layers after the trunk
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_ or self.d // self.heads
 
     @property
     def params(self) -> int:
@@ -74,8 +87,23 @@ SHAPES: dict[str, Shape] = {
                         context=32768, rope_base=1000000.0, rms_eps=1e-6),
     "smollm2-1.7b": Shape("SmolLM2 1.7B", 2048, 24, 8192, 32, 32, 49152,
                           context=8192, rope_base=130000.0),
+    # Qwen3.5's layout (3 gated delta-net layers to 1 gated attention layer, head size
+    # 256, a quarter rotated, 248k vocabulary, one MTP layer) at a size 2 cores run: not
+    # a released model's exact dimensions.
+    "qwen3.5-2b": Shape("Qwen3.5-layout 2B", 2048, 24, 6144, 8, 2, 248320,
+                        context=262144, rope_base=1e7, rms_eps=1e-6, arch="qwen35",
+                        head_dim_=256, attn_every=4, ssm=(128, 16, 16), mtp=1),
+    "lfm2-1.2b": Shape("LFM2 1.2B", 2048, 16, 8192, 32, 8, 65536, context=128000,
+                       rope_base=1e6, arch="lfm2", attn_layers=(2, 5, 8, 10, 12, 14)),
+    "lfm2-350m": Shape("LFM2 350M", 1024, 16, 4608, 16, 8, 65536, context=128000,
+                       rope_base=1e6, arch="lfm2", attn_layers=(2, 5, 8, 10, 12, 14)),
     # For tests: written in milliseconds.
     "tiny": Shape("Tiny (test)", 128, 8, 384, 4, 2, 1024, context=2048),
+    "tiny-qwen3.5": Shape("Tiny Qwen3.5 layout (test)", 128, 4, 384, 4, 2, 1024,
+                          context=2048, rope_base=1e7, rms_eps=1e-6, arch="qwen35",
+                          head_dim_=32, attn_every=4, ssm=(16, 2, 4), mtp=1),
+    "tiny-lfm2": Shape("Tiny LFM2 layout (test)", 128, 4, 384, 4, 2, 1024, context=2048,
+                       arch="lfm2", attn_layers=(2,)),
 }
 
 # Bits per weight of each quantization, roughly (for the size a message announces).
@@ -165,24 +193,29 @@ def write_synthetic(path: Path, key: str, *, early: int = DEFAULT_EARLY,
 
     s = SHAPES[key]
     dtype = np.float32 if ftype == "F32" else np.float16
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, s.arch)
     writer.add_name(f"synthetic {s.title}")
     writer.add_description(f"random weights; layers after the first {early} scaled by {late:g}; "
                            f"seed {seed}")
     writer.add_string(SYNTHETIC_KEY, sentence(s))
     writer.add_context_length(s.context)
     writer.add_embedding_length(s.d)
-    writer.add_block_count(s.layers)
     writer.add_feed_forward_length(s.ff)
     writer.add_head_count(s.heads)
-    writer.add_head_count_kv(s.kv_heads)
-    writer.add_rope_dimension_count(s.d // s.heads)
+    if s.arch == "llama":
+        writer.add_block_count(s.layers)
+        writer.add_head_count_kv(s.kv_heads)
+        writer.add_rope_dimension_count(s.d // s.heads)
+    else:
+        hybrid.hparams(writer, s)
     writer.add_layer_norm_rms_eps(s.rms_eps)
     writer.add_rope_freq_base(s.rope_base)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if ftype == "F32"
                          else gguf.LlamaFileType.MOSTLY_F16)
     _vocabulary(writer, s.vocab)
-    for name, weights in _tensors(s, early, late, seed, dtype):
+    made = _tensors(s, early, late, seed, dtype) if s.arch == "llama" else \
+        hybrid.tensors(s, early, late, seed, EARLY_SCALE, HEAD_SCALE, dtype)
+    for name, weights in made:
         writer.add_tensor(name, weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
