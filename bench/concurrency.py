@@ -198,6 +198,7 @@ def main() -> None:
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
     version, target, draft, args.bins = pair_and_tools(args)
+    assert draft is not None  # (no --mtp here: a draft model)
     temps = numbers(args.temperatures)
     cs = contenders(args, target, draft)
     for rep in range(args.reps):

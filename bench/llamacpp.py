@@ -292,6 +292,7 @@ def measure(args: argparse.Namespace, bins: dict[str, Path], models: tuple[Path,
 def main() -> None:
     args = arguments().parse_args()
     version, target, draft, bins = pair_and_tools(args)
+    assert draft is not None  # (no --mtp here: a draft model)
     prompts = comparison_prompts(args)
     ids = [p.id for p in prompts]
     temps = numbers(args.temperatures)

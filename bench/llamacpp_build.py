@@ -17,14 +17,14 @@ from bench.common import add_pair_options, resolve_models
 TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server", "llama-lookup-create")
 
 
-def pair_and_tools(args: argparse.Namespace) -> tuple[str, Path, Path, dict[str, Path]]:
+def pair_and_tools(args: argparse.Namespace) -> tuple[str, Path, Path | None, dict[str, Path]]:
     """The installed llama-cpp-python's version, the pair's two files (resolved first: a
     wrong pair fails before a build) and llama.cpp's tools of that version."""
     import importlib.metadata
 
     version = importlib.metadata.version("llama_cpp_python")
-    target, draft = resolve_models(args, need_draft=True)
-    assert draft is not None
+    # --mtp: the target drafts for itself, no draft file
+    target, draft = resolve_models(args, need_draft=not getattr(args, "mtp", ""))
     return version, target, draft, build_tools(version, args.sdist)
 
 

@@ -17,6 +17,8 @@ counts come from its response (`timings` for llama-server, `speculative` for our
     python -m bench.llamaserver --pair smollm2-f32
     python -m bench.llamaserver --pair smollm2 --reps 5 --n-max 2,3 --p-min 0.75
     python -m bench.llamaserver --pair smollm2-f32 --stream --specllama "default;--draft-max 0"
+    python -m bench.llamaserver --pair synth-qwen3.5-2b --mtp 1,2,3 \
+        --specllama "--draft-max 0;--drafters mtp"
 
 Run it on an otherwise idle machine.
 """
@@ -70,19 +72,25 @@ class Contender:
 # ------------------------------------------------------------------------------ contenders
 
 
-def contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Contender]:
+def contenders(args: argparse.Namespace, target: Path,
+               draft: Path | None) -> list[Contender]:
     return [*llama_contenders(args, target, draft), *specllama_contenders(args)]
 
 
-def llama_contenders(args: argparse.Namespace, target: Path, draft: Path) -> list[Contender]:
-    """llama-server alone, with a draft model for each setting of the sweep, and with
-    each --ngram spec type."""
+def llama_contenders(args: argparse.Namespace, target: Path,
+                     draft: Path | None) -> list[Contender]:
+    """llama-server alone, with a draft model for each setting of the sweep, with the
+    target's MTP layers (--mtp), and with each --ngram spec type."""
     exe, t = str(args.bins["llama-server"]), str(args.threads)
     common = [exe, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.n_ctx), "-np", "1",
               "--no-webui", "--host", "127.0.0.1"]
-    md = ["-md", str(draft), "-td", t, "-tbd", t]
+    md = [] if draft is None else ["-md", str(draft), "-td", t, "-tbd", t]
     out = [Contender(BASELINE, common, "--port", "llama-server")]
-    for n_max in numbers(args.n_max, int):
+    for n_max in numbers(args.mtp, int) if args.mtp else []:
+        out.append(Contender(f"llama-server draft-mtp n-max {n_max}",
+                             [*common, "--spec-type", "draft-mtp",
+                              "--spec-draft-n-max", str(n_max)], "--port", "llama-server"))
+    for n_max in numbers(args.n_max, int) if draft is not None else []:
         for n_min in numbers(args.n_min, int):
             for p_min in numbers(args.p_min):
                 out.append(Contender(
@@ -289,6 +297,9 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--n-max", default="2,3,4", help="llama-server --spec-draft-n-max sweep")
     p.add_argument("--n-min", default="0", help="llama-server --spec-draft-n-min sweep")
     p.add_argument("--p-min", default="0,0.75", help="llama-server --spec-draft-p-min sweep")
+    p.add_argument("--mtp", default="",
+                   help="llama-server --spec-type draft-mtp with each --spec-draft-n-max "
+                        "of this list (a target with MTP layers; no draft file needed)")
     p.add_argument("--ngram", default="",
                    help="llama-server --spec-type values to add, comma-separated "
                         "(prefix 'draft+' to keep -md too), e.g. ngram-mod,draft+ngram-mod")

@@ -36,6 +36,19 @@ def test_no_sweep_leaves_llama_server_alone_and_ours():
     assert [c.name for c in cs] == ["llama-server", "specllama default"]
 
 
+def test_mtp_contenders_need_no_draft_file():
+    """--mtp: llama-server drafts with the target's MTP layers at each n-max; without a
+    draft file its -md sweep is left out."""
+    cs = ls.contenders(arguments("--mtp", "1,3", "--specllama", "--drafters mtp"),
+                       Path("t.gguf"), None)
+    assert [c.name for c in cs] == ["llama-server", "llama-server draft-mtp n-max 1",
+                                    "llama-server draft-mtp n-max 3",
+                                    "specllama --drafters mtp"]
+    mtp = cs[2].argv
+    assert "-md" not in mtp and mtp[mtp.index("--spec-type") + 1] == "draft-mtp"
+    assert mtp[mtp.index("--spec-draft-n-max") + 1] == "3"
+
+
 def test_requests_are_fresh_and_sample_alike_on_both_sides():
     assert ls.fresh("Say hi.", 1, 0.8) == "(request 2-0.8)\nSay hi."
     chat = ls.body("m", "hi", 0.8, 7, 64, stream=True)

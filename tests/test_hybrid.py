@@ -345,3 +345,25 @@ def test_a_target_alone_drafts_by_lookup(pairs):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["draft"] == "lookup" and report["stats"]["tokens"] > 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_saved_cache_restores_exactly_and_cuts_back_after(pairs, family):
+    """The prompt cache's copies (llama.cpp's sequence state): restored after other text
+    went through, the next token reads as a fresh decode, and so does a cut behind it."""
+    target = pairs[family][0]
+    m = Model(target, n_ctx=256, n_threads=1)
+    try:
+        t = m.tokenize(TEXT * 2)
+        m.decode(t[:20], "last")
+        saved = m.save_state()
+        m.clear()
+        m.decode(t[30:50], "last")
+        m.restore(saved)
+        m.decode([t[20]], "last")
+        np.testing.assert_allclose(m.logits_row(-1), fresh_row(target, t[:21]), atol=1e-3)
+        m.truncate(17)  # no snapshot of before the restore may serve
+        m.decode([t[17]], "last")
+        np.testing.assert_allclose(m.logits_row(-1), fresh_row(target, t[:18]), atol=1e-3)
+    finally:
+        m.close()

@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 # ------------------------------------------------------------------ log and start
 # llama.cpp's log goes into this ring instead of the terminal; the last lines
 # explain load failures. SPECLLAMA_DEBUG=1 echoes it to stderr.
-_LOG: deque[str] = deque(maxlen=64)
+_LOG: deque[str] = deque(maxlen=1024)
 
 
 @lc.llama_log_callback
@@ -52,6 +52,11 @@ def init() -> None:
     model is loaded, quantized or served (not merely because this module was imported)."""
     lc.llama_log_set(_on_log, ctypes.c_void_p(0))
     lc.llama_backend_init()
+
+
+def recent_log() -> list[str]:
+    """llama.cpp's latest log lines (what a context just allocated, for bench/hybrid.py)."""
+    return list(_LOG)
 
 
 def last_log_error() -> str:

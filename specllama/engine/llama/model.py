@@ -82,11 +82,14 @@ class Model(Vocabulary):
         n_batch: int = 512,
         rpc: Sequence[str] = (),
         n_seq: int = 1,
+        snapshots: int = SNAPSHOTS,
     ) -> None:
         """rpc: HOST:PORT of RPC servers; the model's layers (and its KV cache) go
         there instead of this machine's CPU. n_seq: sequences the context holds at once,
         each up to n_ctx tokens (`serve --parallel`: batched.py); this object drives
-        sequence 0."""
+        sequence 0. snapshots: per-token recurrent states llama.cpp keeps (rewind.py;
+        0 forces checkpoint copies, for the ablation in bench/hybrid.py)."""
+        self._snapshots = snapshots
         backend.init()
         self.path = Path(path)
         # llama.cpp handles (ctypes objects); None once freed
@@ -172,7 +175,7 @@ class Model(Vocabulary):
         cparams.kv_unified = cparams.n_seq_max > 1
         # Recurrent states kept per token for a rollback (granted only to the archs
         # llama.cpp lists; clamped to 0 elsewhere).
-        cparams.n_rs_seq = SNAPSHOTS if spares else 0
+        cparams.n_rs_seq = self._snapshots if spares else 0
         # A sliding-window cache keeps every cell: a rollback past the window then never
         # finds pruned cells missing (llama.cpp's default; stated, as we rely on it).
         cparams.swa_full = True

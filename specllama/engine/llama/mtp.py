@@ -56,9 +56,10 @@ class HiddenStates:
 
     def _keep(self, start: int, n: int) -> None:
         t = self.target
-        for i in range(n):
-            ptr = lcx.llama_get_embeddings_nextn_ith(t._ctx, t.batch_row(i))
-            self.rows[start + i] = np.ctypeslib.as_array(ptr, shape=(t.n_embd,))
+        first = t.batch_row(0)  # unmasked rows lie densely by batch position
+        rows = np.ctypeslib.as_array(lcx.llama_get_embeddings_nextn(t._ctx),
+                                     shape=(first + n, t.n_embd))
+        self.rows[start:start + n] = rows[first:]
 
     def at(self, pos: int, tokens: list[int]) -> np.ndarray | None:
         """h at `pos` if the target decoded there the token `tokens` has there."""

@@ -29,9 +29,10 @@ RewindPath = Literal["trim", "snapshot", "copy", "redecode"]
 #: How a model's memory is cut back at best: "trim" (a KV cache), "snapshot" or "copy".
 Rewind = Literal["trim", "snapshot", "copy"]
 #: Per-token states llama.cpp keeps for a rollback (`n_rs_seq`): the longest draft a
-#: target verifies in one batch and still cuts back without a copy. Each costs one
-#: recurrent state per sequence (docs/performance.md, "Hybrid models").
-SNAPSHOTS = 16
+#: target verifies in one batch and still cuts back without a copy (auto drafts 8 at
+#: most). Each costs one recurrent state per sequence and its spare: 19 MiB each on the
+#: qwen3.5-2b layout, ~50 MiB on a Qwen3.5 9B (docs/performance.md, "Hybrid models").
+SNAPSHOTS = 8
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Rewinder:
     # ------------------------------------------------------------ cutting
     def plan(self, n: int, length: int) -> RewindPath:
         """The path a cut from `length` tokens to `n` takes."""
-        if self.best == "trim" or n == 0:
+        if self.best == "trim":
             return "trim"
         if self.best == "snapshot" and not self.rolled and length == self.batch_end \
                 and self.batch_start < n and length - n <= self.rollback_max:
@@ -138,6 +139,9 @@ class Rewinder:
     def cut(self, n: int, length: int) -> int:
         """Cut the sequence from `length` tokens to `n`; returns how many tokens it
         really holds afterwards (n, or fewer: the caller decodes the rest again)."""
+        if n == 0:  # everything goes: no state to take back (a new prompt)
+            self.forget()
+            return 0 if lc.llama_memory_seq_rm(self.mem, self.seq, -1, -1) else -1
         path = self.last = self.plan(n, length)
         if self.mark is not None and n < self.mark:
             self._drop_mark()  # it holds tokens the sequence no longer has
@@ -146,9 +150,7 @@ class Rewinder:
             if not ok:
                 return -1  # refused: the caller reports it
             setattr(self.counts, path, getattr(self.counts, path) + 1)
-            if n == 0:
-                self.forget()
-            elif path == "snapshot":
+            if path == "snapshot":
                 self.rolled = True
                 self.batch_end = n
             elif self.batch_end > n:
