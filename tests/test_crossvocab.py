@@ -148,3 +148,25 @@ def test_the_cli_drafts_across_tokenizers(gemma_f32, smollm2_path):
         if draft_max == "3":
             assert data["stats"]["drafted"] > 0
     assert texts[0] == texts[1]
+
+
+def test_greedy_past_the_sliding_window_equals_the_target_alone(gemma_f32):
+    """Gemma 3's sliding-window layers (512 positions): lookup drafts cut back over and over
+    past the window, yet llama.cpp still holds every cell (the full-size window cache) and
+    the output is the target alone's."""
+    dec = SpeculativeDecoder.load(gemma_f32, n_ctx=1024, n_threads=2, p_min=0.0)
+    try:
+        # phrases that recur with other endings: lookups guess, and are often wrong
+        rng = np.random.default_rng(0)
+        prompt = " ".join(f"item {rng.integers(9)}: the {rng.choice(['red', 'blue', 'green'])} "
+                          f"{rng.choice(['box', 'cup', 'hat'])}" for _ in range(90))
+        assert len(dec.tokenize(prompt)) > 600
+        greedy = SamplingParams(temperature=0.0)
+        alone = dec.generate(prompt, max_tokens=48, sampling=greedy, draft_max=0)
+        spec = dec.generate(prompt, max_tokens=48, sampling=greedy, draft_max=6,
+                            drafters=("lookup",), suffix_cache=False)
+        assert spec.stats.drafted > spec.stats.accepted > 0  # it cut back past the window
+        assert dec.target.pos_min() == 0
+        assert spec.tokens == alone.tokens
+    finally:
+        dec.close()

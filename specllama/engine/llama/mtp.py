@@ -163,6 +163,12 @@ class MtpDraft(Model):
                     len(self._from_target))
         return super().sync_to(list(tokens[:firm]))
 
+    @property
+    def placement(self) -> str:
+        """Where it runs, told apart from the file as a whole model (auto's cost cache
+        keys on it: the MTP step is not the model's step)."""
+        return f"MTP layers, {self.target.placement}"
+
     def set_threads(self, n_threads: int) -> None:
         self.n_threads = max(1, int(n_threads))
         lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
