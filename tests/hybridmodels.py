@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tinymodels import CHATML, DEFAULT_LOGIT_SCALE, vocab_pieces
+from tinymodels import DEFAULT_LOGIT_SCALE, finish_with_vocab_a, vocab_pieces
 
 __all__ = ["write_tiny_gemma3", "write_tiny_lfm2", "write_tiny_qwen35"]
 
@@ -107,22 +107,7 @@ def _write(path: str | Path, arch: str, name: str, hparams: dict, weights: dict,
             g.add_float32(f"{arch}.{key}", value)
         else:
             g.add_uint32(f"{arch}.{key}", value)
-    g.add_string("tokenizer.ggml.model", "llama")
-    g.add_array("tokenizer.ggml.tokens", [e[0] for e in entries])
-    g.add_array("tokenizer.ggml.scores", [e[1] for e in entries])
-    g.add_array("tokenizer.ggml.token_type", [e[2] for e in entries])
-    g.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    g.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    g.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    g.add_uint32("tokenizer.ggml.eot_token_id", 4)
-    g.add_bool("tokenizer.ggml.add_bos_token", True)
-    g.add_string("tokenizer.chat_template", CHATML)
-    for k, v in weights.items():
-        g.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
-    g.write_header_to_file()
-    g.write_kv_data_to_file()
-    g.write_tensors_to_file()
-    g.close()
+    finish_with_vocab_a(g, weights)
     return path
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from drafts import GREEDY
 from hybridmodels import write_tiny_qwen35
 from test_cli import assert_one_line_error
-from test_exactness import empirical_joint, exact_joint, goodness_of_fit
+from test_hybrid import law_fit
 from test_parallel import at_once
 
 import specllama.engine.sampling as sampling_module
@@ -82,31 +82,14 @@ def test_greedy_mtp_speculation_equals_the_target_alone(dec, draft_max):
 
 
 def test_mtp_speculation_follows_the_target_law(dec, mtp_target):
-    probe = Model(mtp_target, n_ctx=256, n_threads=1)
-    try:
-        prompt = dec.tokenize(PROMPTS[0])
-        exact = exact_joint(probe, prompt, CHAIN, 3)
-        counts, drafted_at, accepted_at = empirical_joint(
-            dec, prompt, CHAIN, 3, 2500, generate=4, draft_max=3, drafters=("mtp",))
-        assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
-        assert goodness_of_fit(counts, exact) > 1e-3
-    finally:
-        probe.close()
+    pvalue, drafted_at, accepted_at = law_fit(dec, mtp_target, ("mtp",), CHAIN)
+    assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
+    assert pvalue > 1e-3
 
 
 def test_the_mtp_law_test_rejects_a_wrong_rule(dec, mtp_target, monkeypatch):
     monkeypatch.setattr(sampling_module, "acceptance_probability", lambda p, q, d: 1.0)
-    probe = Model(mtp_target, n_ctx=256, n_threads=1)
-    try:
-        prompt = dec.tokenize(PROMPTS[0])
-        exact = exact_joint(probe, prompt, CHAIN, 3)
-        counts, _, _ = empirical_joint(dec, prompt, CHAIN, 3, 2500, generate=4, draft_max=3,
-                                       drafters=("mtp",))
-        for key in counts:
-            exact.setdefault(key, 1e-12)
-        assert goodness_of_fit(counts, exact) < 1e-6
-    finally:
-        probe.close()
+    assert law_fit(dec, mtp_target, ("mtp",), CHAIN)[0] < 1e-6
 
 
 def test_mtp_under_parallel_slots(mtp_target, dec):

@@ -38,6 +38,7 @@ import numpy as np
 __all__ = [
     "CHATML",
     "DEFAULT_LOGIT_SCALE",
+    "finish_with_vocab_a",
     "vocab_pieces",
     "write_tiny_mamba",
     "write_tiny_model",
@@ -430,6 +431,14 @@ def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_emb
     g.add_uint32(f"{arch}.ssm.state_size", d_state)
     g.add_uint32(f"{arch}.ssm.time_step_rank", dt_rank)
     g.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    finish_with_vocab_a(g, w)
+    return path
+
+
+def finish_with_vocab_a(g, weights: dict[str, np.ndarray]) -> None:
+    """Write vocabulary "a" (SPM, BOS 1, EOS 2, EOT 4, ChatML) and `weights` (as F32) into
+    a GGUFWriter whose architecture keys are in, and close it."""
+    entries = vocab_pieces("a")
     g.add_string("tokenizer.ggml.model", "llama")
     g.add_array("tokenizer.ggml.tokens", [e[0] for e in entries])
     g.add_array("tokenizer.ggml.scores", [e[1] for e in entries])
@@ -440,10 +449,9 @@ def write_tiny_mamba(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_emb
     g.add_uint32("tokenizer.ggml.eot_token_id", 4)
     g.add_bool("tokenizer.ggml.add_bos_token", True)
     g.add_string("tokenizer.chat_template", CHATML)
-    for k, v in w.items():
+    for k, v in weights.items():
         g.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
     g.write_header_to_file()
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
     g.close()
-    return path

@@ -132,32 +132,20 @@ def synthetic_path(key: str, quant: str, early: int, late: float, seed: int) -> 
 # --------------------------------------------------------------------------- writing
 
 
-def _matrix(rng: np.random.Generator, rows: int, cols: int, scale: float,
-            dtype: type) -> np.ndarray:
-    """rows x cols of N(0, 1) * scale / sqrt(cols), filled in slices (the 8B's embedding
-    would take 2 GB at once in float32)."""
-    out: np.ndarray = np.empty((rows, cols), dtype=dtype)
-    step = max(1, (1 << 24) // cols)
-    for i in range(0, rows, step):
-        n = min(step, rows - i)
-        out[i:i + n] = rng.standard_normal((n, cols), dtype=np.float32) * (scale / math.sqrt(cols))
-    return out
-
-
 def _block(rng: np.random.Generator, s: Shape, scale: float, dtype: type) -> dict[str, Any]:
     kv = s.kv_heads * (s.d // s.heads)
     rows = {"attn_q": (s.d, s.d), "attn_k": (kv, s.d), "attn_v": (kv, s.d),
             "attn_output": (s.d, s.d), "ffn_gate": (s.ff, s.d), "ffn_up": (s.ff, s.d),
             "ffn_down": (s.d, s.ff)}
-    return {k: _matrix(rng, r, c, scale, dtype) for k, (r, c) in rows.items()}
+    return {k: hybrid.matrix(rng, r, c, scale, dtype) for k, (r, c) in rows.items()}
 
 
 def _tensors(s: Shape, early: int, late: float, seed: int,
              dtype: type) -> Iterator[tuple[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     ones = np.ones(s.d, dtype=np.float32)
-    yield "token_embd.weight", _matrix(rng, s.vocab, s.d, math.sqrt(s.d), dtype)
-    yield "output.weight", _matrix(rng, s.vocab, s.d, HEAD_SCALE, dtype)
+    yield "token_embd.weight", hybrid.matrix(rng, s.vocab, s.d, math.sqrt(s.d), dtype)
+    yield "output.weight", hybrid.matrix(rng, s.vocab, s.d, HEAD_SCALE, dtype)
     yield "output_norm.weight", ones
     blocks = [_block(rng, s, EARLY_SCALE, dtype) for _ in range(min(early, s.layers))]
     if early < s.layers:

@@ -26,8 +26,10 @@ CONV = 4
 L_CACHE = 3
 
 
-def _matrix(rng: np.random.Generator, rows: int, cols: int, scale: float,
-            dtype: type) -> np.ndarray:
+def matrix(rng: np.random.Generator, rows: int, cols: int, scale: float,
+           dtype: type) -> np.ndarray:
+    """rows x cols of N(0, 1) * scale / sqrt(cols), filled in slices (an 8B's embedding
+    would take 2 GB at once in float32)."""
     out: np.ndarray = np.empty((rows, cols), dtype=dtype)
     step = max(1, (1 << 24) // cols)
     for i in range(0, rows, step):
@@ -96,19 +98,19 @@ def tensors(s: Shape, early: int, late: float, seed: int, early_scale: float,
             head_scale: float, dtype: type) -> Iterator[tuple[str, np.ndarray]]:
     """Every tensor of the file; each kind's later layers share one set of matrices."""
     rng = np.random.default_rng(seed)
-    yield "token_embd.weight", _matrix(rng, s.vocab, s.d, math.sqrt(s.d), dtype)
-    yield "output.weight", _matrix(rng, s.vocab, s.d, head_scale, dtype)
+    yield "token_embd.weight", matrix(rng, s.vocab, s.d, math.sqrt(s.d), dtype)
+    yield "output.weight", matrix(rng, s.vocab, s.d, head_scale, dtype)
     yield ("output_norm.weight" if s.arch == "qwen35" else "token_embd_norm.weight",
            np.ones(s.d, dtype=np.float32))
     shared: dict[bool, dict[str, np.ndarray]] = {}
     for i in range(s.layers):
         attention = _is_attention(s, i)
         if i < early:
-            mats = {k: _matrix(rng, r, c, early_scale, dtype)
+            mats = {k: matrix(rng, r, c, early_scale, dtype)
                     for k, (r, c) in _kind_weights(s, attention).items()}
         else:
             if attention not in shared:
-                shared[attention] = {k: _matrix(rng, r, c, late, dtype)
+                shared[attention] = {k: matrix(rng, r, c, late, dtype)
                                      for k, (r, c) in _kind_weights(s, attention).items()}
             mats = shared[attention]
         for name, w in {**mats, **_small(s, attention)}.items():
@@ -116,7 +118,7 @@ def tensors(s: Shape, early: int, late: float, seed: int, early_scale: float,
             yield f"blk.{i}.{name}{suffix}", w
     for j in range(s.mtp):  # after the trunk: blk.{layers + j}
         p = f"blk.{s.layers + j}."
-        mats = shared.get(True) or {k: _matrix(rng, r, c, late, dtype)
+        mats = shared.get(True) or {k: matrix(rng, r, c, late, dtype)
                                     for k, (r, c) in _kind_weights(s, True).items()}
         for name, w in {**mats, **_small(s, True)}.items():
             yield f"{p}{name}.weight", w
