@@ -107,7 +107,9 @@ def model_options(f: F) -> F:
         click.option("--config", "config_path", metavar="FILE", help="models.toml to use."),
         click.option("--target", metavar="GGUF", help="Target model file (instead of --pair)."),
         click.option(
-            "--draft", metavar="GGUF|lookup", help="Draft model file, or 'lookup' for none."
+            "--draft", metavar="GGUF|lookup",
+            help="Draft model file, or 'lookup' for none (the default with --target: the "
+                 "target drafts for itself, by lookup and its MTP layers if it has them)."
         ),
         *(setting_option(n) for n, s in SETTINGS.items() if s.at_load),
     ])
