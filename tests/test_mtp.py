@@ -132,3 +132,13 @@ def test_the_cli_drafts_with_mtp_and_reports_it(mtp_target):
     assert report["settings"]["draft"] == "mtp"
     assert report["settings"]["drafters"] == ["lookup", "mtp"]
     assert report["stats"]["origin_drafted"].get("mtp", 0) > 0
+
+
+def test_the_stats_panel_names_the_mtp_drafts(mtp_target):
+    result = CliRunner().invoke(cli, ["generate", PROMPTS[0], "--raw", "--target",
+                                      str(mtp_target), "--max-tokens", "16",
+                                      "--draft-max", "3", "--temperature", "0"])
+    assert result.exit_code == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stderr.splitlines() if line.strip()}
+    assert "accepted (the target's own MTP layers)" in result.stderr
+    assert "lookup" not in rows  # MTP drafts are not lookups

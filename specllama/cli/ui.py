@@ -110,10 +110,14 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
                       f"({stats.acceptance_rate:.1%}); by position {by_pos}")
     elif not stats.forced:
         table.add_row("drafts", "none (target alone)")
-    if stats.origin_drafted:
+    looked_up = {o: n for o, n in stats.origin_drafted.items() if o != "mtp"}
+    if "mtp" in stats.origin_drafted:
+        table.add_row("mtp drafts", f"{stats.origin_accepted.get('mtp', 0)}/"
+                      f"{stats.origin_drafted['mtp']} accepted (the target's own MTP layers)")
+    if looked_up:
         table.add_row("lookup from", ", ".join(
             f"{origin} {stats.origin_accepted.get(origin, 0)}/{n}"
-            for origin, n in stats.origin_drafted.items()) + " accepted"
+            for origin, n in looked_up.items()) + " accepted"
             + (f" ({stats.spliced_accepted}/{stats.spliced} inside model drafts, following "
                "earlier replies)" if stats.spliced else ""))
     if stats.ahead:
