@@ -370,3 +370,18 @@ def test_a_saved_cache_restores_exactly_and_cuts_back_after(pairs, family):
         np.testing.assert_allclose(m.logits_row(-1), fresh_row(target, t[:18]), atol=1e-3)
     finally:
         m.close()
+
+
+def test_auto_measures_a_hybrid_targets_cost_curve_without_decoding_again(pairs):
+    """Calibration cuts every timed decode back: from a checkpoint copy, never by
+    decoding the context again (which used up its time limit on a 2B hybrid: one point
+    measured and a flat curve, as if verifying were free)."""
+    from specllama.policy.calibration import measure_curve
+
+    m = Model(pairs["qwen35"][0], n_ctx=256, n_threads=1)
+    try:
+        curve = measure_curve(m, 8, budget_s=0.5)
+        assert m.rewinder.counts.redecode == 0 and m.rewinder.counts.copy > 0
+        assert len(curve.measured) > 2
+    finally:
+        m.close()
