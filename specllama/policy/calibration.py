@@ -174,10 +174,7 @@ def measure_curve(
         tokens = _filler_tokens(model, context + max_n)
         if context:
             model.decode(tokens[:context], "none")
-        # Each timed decode is cut back to here: a recurrent state (hybrid models) comes
-        # back from this copy rather than by decoding the text again, which ate the time
-        # limit (one point measured, the curve flat: verifying looked free).
-        model.checkpoint()
+        model.checkpoint()  # cut back to here by copy, not re-decoding (rewind.py)
         start = base + context
         probe = tokens[context:]
 

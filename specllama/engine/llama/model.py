@@ -24,7 +24,7 @@ from . import backend
 from . import rpc as rpc_net
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .gguf import check_gguf_file
-from .rewind import SNAPSHOTS, Rewind, Rewinder
+from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
 from .vocab import Vocabulary
 
 # llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine,
@@ -104,7 +104,7 @@ class Model(Vocabulary):
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_seq = max(1, n_seq)
         self.seq = 0  # the sequence id this object decodes into
-        self.memory_kind = _memory_kind(model)
+        self.memory_kind = memory_kind(model)
         ctx = self._create_context(model, n_ctx)
         self._ctx = ctx
         self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_seq
@@ -288,33 +288,8 @@ class Model(Vocabulary):
         return rc
 
     def warm_batch_sizes(self, sizes: Sequence[int]) -> int:
-        """On RPC devices: decode each batch size of `sizes` once (logits of every row),
-        untimed, and cut the cache and the counters back, so a measurement that follows
-        times what a decode of that size costs from then on. Local models: nothing.
-        Returns the number of decodes made.
-
-        Why: the first decode of a new batch shape makes ggml's RPC client ask the server
-        for the compute size of each MUL_MAT shape, one synchronous round trip each (five
-        for a llama-type model; ggml-rpc.cpp get_alloc_size, cached per shape); a shape
-        seen before waits for one reply only. Not worth it before generation: one decode
-        costs more than the round trips it saves."""
-        if not self.rpc:
-            return 0
-        base = len(self.cached)
-        todo = [n for n in dict.fromkeys(int(n) for n in sizes) if 1 < n <= self.n_batch
-                and n not in self._warm_sizes and base + n <= self.n_ctx]
-        if not todo:
-            return 0
-        saved = (self.decode_s, self.decode_calls, self.tokens_evaluated)
-        try:
-            for n in todo:
-                self.decode([self._stand_in] * n, "all")
-                self.truncate(base)
-                self._warm_sizes.add(n)
-        finally:
-            self.truncate(base)
-            self.decode_s, self.decode_calls, self.tokens_evaluated = saved
-        return len(todo)
+        """On RPC devices, decode each batch size once, untimed (rpc.warm_batch_sizes)."""
+        return rpc_net.warm_batch_sizes(self, sizes)
 
     def logits_row(self, i: int) -> np.ndarray:
         """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
@@ -423,12 +398,3 @@ class Model(Vocabulary):
             keep = self._cut(keep, lazy=True)
         return keep
 
-
-def _memory_kind(model) -> str:
-    """"transformer", "recurrent" (Mamba, RWKV) or "hybrid" (attention plus recurrent layers)."""
-    if lc.llama_model_is_recurrent(model):
-        return "recurrent"
-    is_hybrid = getattr(lc, "llama_model_is_hybrid", None)  # newer llama.cpp only
-    if is_hybrid is not None and is_hybrid(model):
-        return "hybrid"
-    return "transformer"

@@ -167,3 +167,13 @@ class Rewinder:
         self.counts.redecode += 1
         self._drop_mark()
         return 0
+
+
+def memory_kind(model: Any) -> str:
+    """"transformer", "recurrent" (Mamba, RWKV) or "hybrid" (attention plus recurrent layers)."""
+    if lc.llama_model_is_recurrent(model):
+        return "recurrent"
+    is_hybrid = getattr(lc, "llama_model_is_hybrid", None)  # newer llama.cpp only
+    if is_hybrid is not None and is_hybrid(model):
+        return "hybrid"
+    return "transformer"

@@ -12,8 +12,13 @@ import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...errors import InvalidParameterError, RpcError
+
+if TYPE_CHECKING:
+    from .model import Model
 
 DEFAULT_PORT = 50052
 # ggml-rpc.h / ggml-rpc.cpp of llama.cpp as bundled with llama-cpp-python 0.3.36.
@@ -147,3 +152,33 @@ def keep_alive(endpoints: list[str]) -> int:
             except OSError:
                 continue
     return changed
+
+
+def warm_batch_sizes(model: Model, sizes: Sequence[int]) -> int:
+    """On RPC devices: decode each batch size of `sizes` once (logits of every row),
+    untimed, and cut the cache and the counters back, so a measurement that follows
+    times what a decode of that size costs from then on. Local models: nothing.
+    Returns the number of decodes made.
+
+    Why: the first decode of a new batch shape makes ggml's RPC client ask the server
+    for the compute size of each MUL_MAT shape, one synchronous round trip each (five
+    for a llama-type model; ggml-rpc.cpp get_alloc_size, cached per shape); a shape
+    seen before waits for one reply only. Not worth it before generation: one decode
+    costs more than the round trips it saves."""
+    if not model.rpc:
+        return 0
+    base = len(model.cached)
+    todo = [n for n in dict.fromkeys(int(n) for n in sizes) if 1 < n <= model.n_batch
+            and n not in model._warm_sizes and base + n <= model.n_ctx]
+    if not todo:
+        return 0
+    saved = (model.decode_s, model.decode_calls, model.tokens_evaluated)
+    try:
+        for n in todo:
+            model.decode([model._stand_in] * n, "all")
+            model.truncate(base)
+            model._warm_sizes.add(n)
+    finally:
+        model.truncate(base)
+        model.decode_s, model.decode_calls, model.tokens_evaluated = saved
+    return len(todo)
