@@ -184,49 +184,48 @@ def test_a_sliding_window_cache_keeps_every_cell_and_cuts_back_exactly(tmp_path)
 # ---------------------------------------------------------------- speculation on them
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_greedy_speculation_equals_the_target_alone(pairs, family):
+@pytest.fixture
+def dec(pairs, family):
+    """The family's pair (its draft: the target plus noise)."""
     target, draft = pairs[family]
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    d = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
+    yield d
+    d.close()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_speculation_equals_the_target_alone(dec, family):
     drafted = accepted = 0
-    try:
-        for prompt in ("the cat sat on the", TEXT, "once upon a time there"):
-            alone = dec.generate(prompt, max_tokens=48, sampling=GREEDY, draft_max=0).tokens
-            for kwargs in ({"draft_max": 2, "drafters": ("model",)},
-                           {"draft_max": 5, "drafters": ("model",)},
-                           {"draft_max": "auto", "drafters": ("lookup", "model")},
-                           {"draft_max": 6, "drafters": ("lookup",)}):
-                res = dec.generate(prompt, max_tokens=48, sampling=GREEDY, **kwargs)
-                assert res.tokens == alone, kwargs
-                drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
-        assert drafted > accepted > 0  # cut back, and it agreed
-        best = FAMILIES[family][2]
-        spec = dec.generate("the cat sat on the", max_tokens=48, sampling=GREEDY,
-                            draft_max=4, drafters=("model",))
-        assert spec.stats.rewind.startswith(f"target {best} (")
-        assert "; draft " in spec.stats.rewind
-    finally:
-        dec.close()
+    for prompt in ("the cat sat on the", TEXT, "once upon a time there"):
+        alone = dec.generate(prompt, max_tokens=48, sampling=GREEDY, draft_max=0).tokens
+        for kwargs in ({"draft_max": 2, "drafters": ("model",)},
+                       {"draft_max": 5, "drafters": ("model",)},
+                       {"draft_max": "auto", "drafters": ("lookup", "model")},
+                       {"draft_max": 6, "drafters": ("lookup",)}):
+            res = dec.generate(prompt, max_tokens=48, sampling=GREEDY, **kwargs)
+            assert res.tokens == alone, kwargs
+            drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+    assert drafted > accepted > 0  # cut back, and it agreed
+    best = FAMILIES[family][2]
+    spec = dec.generate("the cat sat on the", max_tokens=48, sampling=GREEDY,
+                        draft_max=4, drafters=("model",))
+    assert spec.stats.rewind.startswith(f"target {best} (")
+    assert "; draft " in spec.stats.rewind
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_invariant_holds_after_every_round(pairs, family):
-    target, draft = pairs[family]
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
-    try:
-        history = dec.tokenize(TEXT)
-        stream = dec.stream(TEXT, max_tokens=40, sampling=SamplingParams(0.8, seed=3),
-                            draft_max=4, drafters=("lookup", "model"))
-        out: list[int] = []
-        for event in stream:
-            if isinstance(event, RoundVerified):
-                out += [*event.drafted[: event.accepted], event.token][: event.emitted]
-                assert dec.target.cached == (history + out)[:-1]
-                held = dec.draft.cached
-                assert held == (history + out)[: len(held)]
-                assert dec.draft.pos_max() + 1 == len(held)
-    finally:
-        dec.close()
+def test_the_invariant_holds_after_every_round(dec):
+    history = dec.tokenize(TEXT)
+    stream = dec.stream(TEXT, max_tokens=40, sampling=SamplingParams(0.8, seed=3),
+                        draft_max=4, drafters=("lookup", "model"))
+    out: list[int] = []
+    for event in stream:
+        if isinstance(event, RoundVerified):
+            out += [*event.drafted[: event.accepted], event.token][: event.emitted]
+            assert dec.target.cached == (history + out)[:-1]
+            held = dec.draft.cached
+            assert held == (history + out)[: len(held)]
+            assert dec.draft.pos_max() + 1 == len(held)
 
 
 # ---------------------------------------------------------------- the exact law
@@ -254,26 +253,17 @@ def law_fit(dec: SpeculativeDecoder, target, drafters: tuple[str, ...],
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_sampled_speculation_follows_the_target_law(pairs, family):
-    target, draft = pairs[family]
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
-    try:
-        pvalue, drafted_at, accepted_at = law_fit(dec, target, ("model",))
-        assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
-        assert pvalue > 1e-3
-    finally:
-        dec.close()
+def test_sampled_speculation_follows_the_target_law(dec, pairs, family):
+    pvalue, drafted_at, accepted_at = law_fit(dec, pairs[family][0], ("model",))
+    assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0]
+    assert pvalue > 1e-3
 
 
-def test_the_law_test_rejects_a_wrong_rule(pairs, monkeypatch):
+@pytest.mark.parametrize("family", ["qwen35"])
+def test_the_law_test_rejects_a_wrong_rule(dec, pairs, family, monkeypatch):
     """Accepting every draft gives the draft's law, which the same test rejects."""
     monkeypatch.setattr(sampling_module, "acceptance_probability", lambda p, q, d: 1.0)
-    target, draft = pairs["qwen35"]
-    dec = SpeculativeDecoder.load(target, draft, n_ctx=256, n_threads=1, p_min=0.0)
-    try:
-        assert law_fit(dec, target, ("model",))[0] < 1e-6
-    finally:
-        dec.close()
+    assert law_fit(dec, pairs[family][0], ("model",))[0] < 1e-6
 
 
 # ---------------------------------------------------------------- the rest of the product

@@ -295,6 +295,8 @@ class SeqView(Model):
             return super()._cut_memory(n, length)
 
     def checkpoint(self, next_batch: int | None = None) -> None:
+        if self.rewinder.best == "trim":  # a KV cache: nothing to keep, no lock to take
+            return
         with self.batcher.lock:
             super().checkpoint(next_batch)
 

@@ -336,17 +336,17 @@ class Model(Vocabulary):
         """Drop positions n.. by the cheapest exact path (rewind.py). A recurrent state
         may have to go back further: the tokens between are decoded again, or with
         `lazy` left to the caller. Returns the tokens the cache then holds."""
-        tokens = self.cached[:n]
         kept = self._cut_memory(n, max(len(self.cached), n))
         if kept < 0:
             raise KVCacheError(
                 f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
                 "stopping rather than continuing with a cache that holds what it should not"
             )
+        again = self.cached[kept:n]  # (empty but for a state taken back further)
         del self.cached[kept:]
-        if kept < n and not lazy:
-            self.rewinder.counts.redecoded_tokens += n - kept
-            self.decode(tokens[kept:], "none")
+        if again and not lazy:
+            self.rewinder.counts.redecoded_tokens += len(again)
+            self.decode(again, "none")
         return len(self.cached)
 
     def _cut_memory(self, n: int, length: int) -> int:
