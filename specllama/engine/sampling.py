@@ -23,6 +23,7 @@ from ..errors import InvalidParameterError
 _TOP_P_PARTIAL = 512
 # Block size of the two-level inverse-CDF draw in `sample`.
 _BLOCK = 256
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         keep = _nucleus(z, keep, params.top_p)
 
     if keep is None:
-        probs = _exp_shifted(z).astype(np.float64)
+        probs = np.exp(z, out=z).astype(np.float64)  # z's max is 0 already
     else:
         probs = np.zeros(n, dtype=np.float64)
         zk = z[keep]
@@ -94,10 +95,19 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def _scaled(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """logits / T as a new float32 array. exp in float32 is ~4x faster than in float64
-    and off by ~1e-7 relative: far below anything a statistical test (or a user) could
-    see; sums and normalisation are float64."""
-    return np.multiply(logits, np.float32(1.0 / temperature), dtype=np.float32)
+    """(logits - max) / T as a new float32 array, its largest entry 0. Shifting before
+    scaling keeps every temperature finite: logits / 1e-38 overflow to inf, and inf - inf
+    is NaN; (logits - max) / T only reaches -inf, whose weight is exactly 0. exp in
+    float32 is ~4x faster than in float64 and off by ~1e-7 relative: far below anything
+    a statistical test (or a user) could see; sums and normalisation are float64."""
+    z = np.subtract(logits, np.maximum.reduce(logits), dtype=np.float32)
+    scale = 1.0 / temperature
+    with np.errstate(over="ignore"):  # a product past float32 is -inf: weight 0, as it is
+        if scale <= _FLOAT32_MAX:
+            return np.multiply(z, np.float32(scale), out=z)
+        # 1/T is past float32 (T < ~3e-39): divide in float64 instead, where 0 / T stays
+        # 0 (inf * 0 would be NaN) and a gap of one float32 ulp still counts.
+        return np.divide(z, temperature, dtype=np.float64).astype(np.float32)
 
 
 def _exp_shifted(z: np.ndarray) -> np.ndarray:
@@ -196,7 +206,8 @@ def sample_logits_and_p(
         probs = probabilities(logits, params)
         token = sample(probs, rng)
         return token, float(probs[token])
-    weights = _exp_shifted(_scaled(logits, params.temperature))
+    z = _scaled(logits, params.temperature)
+    weights = np.exp(z, out=z)
     token, total = _draw(weights, rng)
     return token, float(weights[token]) / total
 
