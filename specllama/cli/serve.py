@@ -8,10 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.markup import escape
 
 from .. import SpeculativeDecoder, server
 from ..engine.llama import Vocabulary
+from ..server.guard import origin_patterns
+from ..server.promptcache import beyond_memory
 from .options import (
     RunOptions,
     RunSettings,
@@ -24,6 +27,24 @@ from .options import (
 from .ui import stats_table, stderr_console
 
 
+def _origins(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+             ) -> tuple[str, ...]:
+    try:
+        return origin_patterns(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _cache_mib(ctx: click.Context, param: click.Parameter, mib: int) -> int:
+    # Refused, not capped: copies beyond the free memory end with the OOM killer taking
+    # the engine (and them) mid-request. The default is left alone: the cache fills lazily.
+    if ctx.get_parameter_source(param.name or "") is not ParameterSource.DEFAULT:
+        why = beyond_memory(mib << 20)
+        if why is not None:
+            raise click.BadParameter(why)
+    return mib
+
+
 @click.command()
 @model_options
 @sampling_options
@@ -32,6 +53,12 @@ from .ui import stats_table, stderr_console
               help="Port to listen on (0: any free port).")
 @click.option("--api-key", envvar="SPECLLAMA_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also $SPECLLAMA_API_KEY).")
+@click.option("--allowed-origins", "allowed_origins", multiple=True, metavar="ORIGINS",
+              envvar="SPECLLAMA_ALLOWED_ORIGINS", callback=_origins,
+              help="Web pages that may call the API from a browser: origins "
+                   "(scheme://host[:port], '*' matching any text; '*' alone: any page), "
+                   "comma-separated or repeated (also $SPECLLAMA_ALLOWED_ORIGINS). This "
+                   "server's own origins are always allowed; others get 403.")
 @click.option("--queue", "max_waiting", default=8, show_default=True,
               type=click.IntRange(0, 1024),
               help="Requests that may wait behind the one being served; more get 503.")
@@ -39,11 +66,13 @@ from .ui import stats_table, stderr_console
               help="Requests served at once: each a sequence of one target context, their "
                    "rounds verified in one batch.")
 @click.option("--cache-mib", default=1024, show_default=True, type=click.IntRange(0, 1 << 20),
+              callback=_cache_mib,
               help="Memory for copies of earlier requests' KV caches, so a prompt that "
                    "shares a long prefix with one of them is not evaluated again (0: off).")
 @run_options
-def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waiting: int,
-          parallel: int, cache_mib: int) -> None:
+def serve(run: RunOptions, host: str, port: int, api_key: str | None,
+          allowed_origins: tuple[str, ...], max_waiting: int, parallel: int,
+          cache_mib: int) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /v1/completions, /v1/models, /health) until Ctrl-C."""
     err = stderr_console()
@@ -80,6 +109,8 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None, max_waitin
             parallel=parallel,
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
+            host=host,
+            allowed_origins=allowed_origins,
         )
         totals = server.serve(
             engine, vocab, config, sock,

@@ -17,12 +17,14 @@ from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import Event, Finished
 from ..engine.llama import Vocabulary
+from .guard import Guard
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
 from .metrics import exposition
 from .prompts import Defaults, Work, build_work
@@ -53,6 +55,14 @@ class ServeConfig:
     parallel: int = 1  # requests served at once
     target: str = ""  # file names, shown by /v1/models
     draft: str = ""
+    host: str = "127.0.0.1"  # the address bound (--host): a Host header may name it
+    allowed_origins: tuple[str, ...] = ()  # web origins besides this server's (guard.py)
+
+    @property
+    def limit_concurrency(self) -> int:
+        """Connections uvicorn serves at once; more get 503 before any work. Room for
+        those served and waiting, plus /health probes, kept-alive and refused ones."""
+        return self.parallel + self.max_waiting + 32
 
 
 def error_response(exc: APIError) -> JSONResponse:
@@ -97,19 +107,26 @@ class _API:
                                  media_type="text/plain; version=0.0.4")
 
     async def health(self, request: Request) -> Response:
+        """Alive or not for anyone (probes need no key); the figures only with the key,
+        when there is one: they show other clients' usage."""
         w = self.worker
-        body: dict[str, Any] = {"status": "ok", "model": self.config.model_id}
         down = w.down
-        if down is not None:
-            failure = down.failure()
-            body.update(status="unavailable", reason=failure.message,
-                        retry_after=failure.retry_after)
+        failure = None if down is None else down.failure()
+        status, headers = (200, None) if failure is None else (
+            503, {"Retry-After": str(failure.retry_after)})
+        body: dict[str, Any] = {"status": "ok" if failure is None else "unavailable"}
+        try:
+            self._authorize(request)
+        except APIError:
+            return JSONResponse(body, status_code=status, headers=headers)
+        body["model"] = self.config.model_id
+        if failure is not None:
+            body.update(reason=failure.message, retry_after=failure.retry_after)
         body.update(busy=w.busy, serving=w.serving, parallel=w.parallel, waiting=w.waiting,
                     requests=w.totals.as_dict(),
                     cache=w.cache, prompt_cache=asdict(w.prompt_cache),
                     engine_pid=getattr(w.engine, "pid", None))
-        return JSONResponse(body, status_code=200 if down is None else 503,
-                            headers={"Retry-After": str(body["retry_after"])} if down else None)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @_endpoint
     async def models(self, request: Request) -> Response:
@@ -240,7 +257,7 @@ class _API:
             watcher.cancel()
         if result is None:
             raise _api_error(SHUTTING_DOWN)
-        unmet = _unmet(result, self.config.n_ctx)
+        unmet = _unmet(result, self.config.n_ctx, work)
         if unmet is not None:
             raise unmet
         return completion(work, rid, self.config.model_id, result, self._figures(job, result),
@@ -288,7 +305,7 @@ class _API:
                     yield _sse(_api_error(end).body())
                     break
                 if isinstance(end, Finished):
-                    unmet = _unmet(end.result, self.config.n_ctx)
+                    unmet = _unmet(end.result, self.config.n_ctx, work)
                     if unmet is not None:
                         yield _sse(unmet.body())
                         break
@@ -314,7 +331,10 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: api.not_found})
+    # The browser boundary (Host, Origin, Content-Type) before any route's work.
+    guard = Middleware(Guard, bound_host=config.host, allowed_origins=config.allowed_origins)
+    return Starlette(routes=routes, middleware=[guard],
+                     exception_handlers={HTTPException: api.not_found})
 
 
 async def _read_body(request: Request) -> bytes:
@@ -358,15 +378,15 @@ def _sse(body: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(body, ensure_ascii=False)}
 
 
-def _unmet(result: Any, n_ctx: int) -> APIError | None:
-    """A response_format the context window had no room to complete: the client's 400,
-    not a truncated JSON document that looks like an answer."""
+def _unmet(result: Any, n_ctx: int, work: Work) -> APIError | None:
+    """A response_format (or the tools' call format) the context window had no room to
+    complete: the client's 400, not a truncated document that looks like an answer."""
     if result.finish_reason != "context" or result.constraint_met is not False:
         return None
+    what = "response_format" if work.tools is None else "tools"
     return APIError(400, f"the context window ({n_ctx} tokens) filled before the output "
-                    f"completed the response_format ({len(result.tokens)} tokens generated); "
-                    "shorten the prompt", param="response_format",
-                    code="context_length_exceeded")
+                    f"completed the {what} ({len(result.tokens)} tokens generated); "
+                    "shorten the prompt", param=what, code="context_length_exceeded")
 
 
 def _api_error(failure: Failure) -> APIError:

@@ -56,6 +56,7 @@ def build_work(
     use, spec = None, None
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
+        _one_constraint(req)
         use, spec = tool_use(req)
         tokens, extra_stop = chat_tokens(vocab, req)
         param = "messages"
@@ -94,9 +95,10 @@ def build_work(
         )
     except InvalidParameterError as exc:
         raise APIError(400, str(exc)) from None
-    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop,
-                spec or constraint(req.response_format, defaults.constraint), req.n_logprobs,
-                turns, use)
+    if spec is None:
+        spec = constraint(req.response_format, defaults.constraint)
+    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop, spec,
+                req.n_logprobs, turns, use)
 
 
 def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
@@ -122,6 +124,18 @@ def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> Co
     return spec
 
 
+def _one_constraint(req: ChatRequest) -> None:
+    """Tools in use constrain the answer to their calls (and, under "auto", to free
+    text): a response_format could only be dropped, so it is refused by name instead,
+    before either is compiled."""
+    fmt = req.response_format
+    if req.tools and req.tool_choice != "none" and fmt is not None and fmt.type != "text":
+        raise APIError(400, f"response_format {fmt.type!r} cannot be combined with tools: "
+                       "the answer follows the tools' call format; leave one out (or send "
+                       'tool_choice: "none" to answer in the response_format)',
+                       param="response_format", code="unsupported_parameter")
+
+
 def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
     """As SpeculativeDecoder.tokenize: BOS if the model wants one, special tokens parsed."""
     return vocab.tokenize(text, add_bos=vocab.adds_bos, special=True)
@@ -133,9 +147,10 @@ def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[
     tools = req.tools  # under "none" too: the model knows them; its answer is read as text
     template = target.chat_template()
     if template_has_tools(template) and _has_tools(req):
+        messages = native_messages(req.messages)  # its 400s name the message, not the template
         try:
             rendered = target.format_chat(
-                native_messages(req.messages),
+                messages,
                 tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None)
         except Exception as exc:
             raise APIError(400, "the model's chat template refused these messages: "

@@ -112,6 +112,8 @@ def serve(
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=GRACE_S,
+            # A flood of connections gets uvicorn's 503 instead of stalling everyone.
+            limit_concurrency=config.limit_concurrency,
         ),
         worker,
         lambda: on_ready(url_of(sock)),

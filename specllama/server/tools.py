@@ -50,6 +50,7 @@ class ToolUse:
 
 def tool_use(req: ChatRequest) -> tuple[ToolUse | None, ConstraintSpec | None]:
     """How this request uses tools (None: it does not) and the constraint on its output."""
+    _distinct_names(req.tools or [])
     choice = req.tool_choice
     if not req.tools and choice not in (None, "none", "auto"):
         raise APIError(400, "tool_choice asks for a call but there are no tools",
@@ -72,6 +73,19 @@ def tool_use(req: ChatRequest) -> tuple[ToolUse | None, ConstraintSpec | None]:
     except ConstraintError as exc:
         raise APIError(400, f"tools: {exc}", param="tools", code="invalid_json_schema") from None
     return use, spec
+
+
+def _distinct_names(tools: list[Tool]) -> None:
+    """A call names its function: two tools of one name make it ambiguous (and the
+    grammar's anyOf would admit either's arguments), so the second is refused."""
+    seen: dict[str, int] = {}
+    for i, tool in enumerate(tools):
+        name = tool.function.name
+        if name in seen:
+            raise APIError(400, f"tools[{i}].function.name: {name!r} is also the name of "
+                           f"tools[{seen[name]}]; each tool needs a name of its own",
+                           param="tools")
+        seen[name] = i
 
 
 def grammar(tools: list[Tool], use: ToolUse) -> str:
@@ -127,13 +141,13 @@ def native_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """The conversation for a template that renders tools itself (arguments as objects,
     as Hugging Face's templates expect them)."""
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         turn: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                 "content": m.text()}
         if m.tool_calls:
             turn["tool_calls"] = [{"type": "function", "id": c.id, "function": {
-                "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                for c in m.tool_calls]
+                "name": c.function.name, "arguments": _arguments(c.function.arguments, i, j)}}
+                for j, c in enumerate(m.tool_calls)]
         if m.tool_call_id:
             turn["tool_call_id"] = m.tool_call_id
         out.append(turn)
@@ -144,13 +158,13 @@ def generic_messages(messages: list[Message], tools: list[Tool] | None) -> list[
     """The conversation as plain turns: the tools in the first system message, earlier
     calls as the blocks the model writes, a tool's answer as a user turn."""
     out: list[dict[str, str]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
         content = m.text()
         if m.tool_calls:
-            blocks = [OPEN + json.dumps({"name": c.function.name,
-                                         "arguments": _arguments(c.function.arguments)}) + CLOSE
-                      for c in m.tool_calls]
+            blocks = [OPEN + json.dumps({"name": c.function.name, "arguments":
+                                         _arguments(c.function.arguments, i, j)}) + CLOSE
+                      for j, c in enumerate(m.tool_calls)]
             content = "\n".join(([content] if content else []) + blocks)
         if role == "tool":
             role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
@@ -165,8 +179,19 @@ def generic_messages(messages: list[Message], tools: list[Tool] | None) -> list[
     return out
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str, message: int, call: int) -> Any:
+    """A call's arguments as JSON (text that is not JSON as sent: the model sees what the
+    client wrote); JSON past what Python reads or writes back is the client's 400."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        # The prompt writes it back no deeper in the stack than this: if this passes, so
+        # does that (a RecursionError there would be a 500).
+        json.dumps(value)
     except json.JSONDecodeError:
-        return text  # as sent: the model sees what the client wrote
+        return text
+    except (ValueError, RecursionError) as exc:  # digits past sys.int_info; deep nesting
+        why = "JSON nested too deeply to read" if isinstance(exc, RecursionError) else \
+            "a number with too many digits to read"
+        raise APIError(400, f"messages[{message}].tool_calls[{call}].function.arguments "
+                       f"holds {why}", param="messages") from None
+    return value
