@@ -10,6 +10,7 @@ import math
 import re
 import subprocess
 
+import httpx
 import jsonschema
 import numpy as np
 import openai
@@ -243,6 +244,19 @@ def test_logprobs_in_both_shapes(server):
         tops = [t.logprob for t in entry.top_logprobs]
         assert tops == sorted(tops, reverse=True) and entry.logprob <= tops[0] + 1e-9
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+
+
+def test_logprobs_under_a_response_format_list_only_tokens_it_allows(server):
+    """Tokens the grammar forbids have probability 0: no alternatives, and their log
+    (-inf) is no JSON number (it was a 500, found by bench/fuzz.py)."""
+    answer = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": server.model, "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 6, "logprobs": True, "top_logprobs": 20, "temperature": 0,
+        "response_format": {"type": "json_object"}})
+    assert answer.status_code == 200, answer.text
+    tops = [e["top_logprobs"] for e in answer.json()["choices"][0]["logprobs"]["content"]]
+    assert all(math.isfinite(t["logprob"]) for top in tops for t in top)
+    assert min(len(top) for top in tops) < 20  # where the grammar allows fewer than 20
 
 
 def test_logprobs_match_the_target_alone(tiny_target, tiny_draft):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
+import os
 import pickle
 import queue
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -45,10 +47,16 @@ def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
         if lock.acquire(timeout=2):
             conn.send(LastWords(message, remote))
 
+    def lost(why: str) -> None:
+        # The compute thread died or hangs (batched.py): every slot waits on it. Ending
+        # here is the engine-lost path: the parent answers and starts another engine.
+        last_words(why, False)
+        os._exit(3)
+
     backend.on_fatal(last_words)
     try:
         decoder, prepare, info = factory(first)
-        slots = Slots(decoder, parallel, prepare, cache_bytes)
+        slots = Slots(decoder, parallel, prepare, cache_bytes, lost)
     except BaseException as exc:
         send(LoadFailed(_picklable(exc)))
         return
@@ -76,6 +84,10 @@ class _Served:
         self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._live: set[int] = set()  # orders received and not ended
         self._cancelled: set[int] = set()
+        # Cancels of orders not (yet) received: kept for when the order comes. The
+        # parent sends none before its Order (pipe.Link.cancel); this keeps a reordering
+        # from losing one. Bounded: a Cancel that crossed its order's outcome stays here.
+        self._early: deque[int] = deque(maxlen=64)
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._serve, name=f"specllama-slot-{i}",
                                           daemon=True) for i in range(slots.n)]
@@ -92,10 +104,15 @@ class _Served:
             with self._lock:
                 if message.id in self._live:
                     self._cancelled.add(message.id)
+                else:
+                    self._early.append(message.id)
             return
         if isinstance(message, Order):
             with self._lock:
                 self._live.add(message.id)
+                if message.id in self._early:
+                    self._early.remove(message.id)
+                    self._cancelled.add(message.id)
         self._todo.put(message)
 
     def _serve(self) -> None:

@@ -55,7 +55,7 @@ class Job:
         self._lock = threading.Lock()
         self._woken = False  # a wake-up is on its way to the event loop
         self._cancelled = threading.Event()
-        self.on_cancel: Callable[[], None] | None = None  # tells the engine, once it runs
+        self.on_cancel: Callable[[], None] | None = None  # tells the engine, while it runs
         self.submitted = time.perf_counter()
         self.queue_s = 0.0
         self.first_token_s: float | None = None  # from arrival (streamed requests)
@@ -63,8 +63,9 @@ class Job:
     def cancel(self) -> None:
         """Stop at the next round (or never start); safe from any thread, any time."""
         self._cancelled.set()
-        if self.on_cancel is not None:
-            self.on_cancel()
+        tell = self.on_cancel  # once: the worker clears it when the order ends
+        if tell is not None:
+            tell()
 
     @property
     def cancelled(self) -> bool:

@@ -7,8 +7,9 @@ some internal errors; the OOM killer ends it the same way. Python cannot catch t
 the parent sends an Order, the child sends the request's events and then its Outcome.
 With `serve --parallel N` several orders run at once, each message tagged with its
 order's id (pipe.py); a cancellation is a message too, read by the child between
-rounds. When the child dies, `run` raises EngineLost with its last words
-(backend.on_fatal) or its exit status, and the worker starts another (`start`).
+rounds and a long prompt's steps, and sent only after its order. When the child dies,
+`run` raises EngineLost with its last words (backend.on_fatal) or its exit status, and
+the worker starts another (`start`).
 The child's side is child.py.
 """
 
@@ -26,7 +27,7 @@ from .. import Event, SpecLlamaError
 from . import child
 from .child import CLOSE_S, Factory
 from .jobs import CALLS, Evaluated, Order, Outcome
-from .pipe import Call, Cancel, LastWords, Link, LoadFailed, Ready, Reply
+from .pipe import Call, LastWords, Link, LoadFailed, Ready, Reply
 
 __all__ = ["EngineLost", "EngineProcess", "Factory"]
 
@@ -107,20 +108,36 @@ class EngineProcess:
 
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
-        for message in self.messages(order):
+        """As Engine.run, in the child. `cancelled` is read before the order is sent,
+        once it is sent and at every message back; a cancel between those reads comes
+        through `cancel` (the worker's Job.on_cancel), so none is lost."""
+        if cancelled():
+            return Outcome(None)
+        for message in self.messages(order, cancelled):
             if isinstance(message, Outcome):
                 return message
             put(message)
         raise EngineLost("the engine process sent no outcome")  # pragma: no cover
 
-    def messages(self, order: Order) -> Iterator[Event | Evaluated | Outcome]:
-        """Send the order; yield what comes back, its Outcome last."""
+    def messages(self, order: Order, cancelled: Callable[[], bool] = lambda: False,
+                 ) -> Iterator[Event | Evaluated | Outcome]:
+        """Send the order; yield what comes back, its Outcome last. Once `cancelled()`
+        the child is told to stop it."""
         link = self._connection()
+        told = False
+
+        def check() -> None:
+            nonlocal told
+            if not told and cancelled():
+                told = True
+                link.cancel(order.id)
+
         try:
-            for message in link.exchange(order.id, order):
+            for message in link.exchange(order.id, order, sent=check):
                 yield message
                 if isinstance(message, Outcome):
                     return
+                check()
         except (EOFError, OSError):
             raise self._lost(link.proc, link.last_words) from None
 
@@ -147,9 +164,11 @@ class EngineProcess:
         return self._link
 
     def cancel(self, order_id: int) -> None:
-        """From any thread: the child stops the order at its next round."""
-        if self._link is not None:
-            self._link.send(Cancel(order_id))
+        """From any thread: the child stops the order at its next round (an order not
+        sent yet, or ended, is not told: `run` reads `cancelled` once it is sent)."""
+        link = self._link
+        if link is not None:
+            link.cancel(order_id)
 
     def close(self) -> None:
         """Let the child close its decoder (its draft cache is saved), then make sure."""

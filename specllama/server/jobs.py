@@ -8,6 +8,7 @@ an engine process (isolation.py), so these types are plain data that pickle.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -113,14 +114,21 @@ class Engine:
         return None
 
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
-            cancelled: Callable[[], bool]) -> Outcome:
+            cancelled: Callable[[], bool],
+            active: Callable[[], AbstractContextManager[object]] = nullcontext) -> Outcome:
         """Generate, handing over the events the request reads; a job cancelled stops
-        at the next event, between rounds (the engine then puts both KV caches back to
-        a prefix of what was committed, so the next request is served correctly)."""
+        at the next event: between rounds, or between a long prompt's steps (the engine
+        then puts both KV caches back to a prefix of what was committed, so the next
+        request is served correctly). One cancelled before it began does not begin.
+        active(): held from the prompt to the Finished event (a slot's Batcher.active,
+        slots.py): the slow work around it (prompt-cache copies, a grammar's compile,
+        llguidance's tokenizer, the suffix cache's save) holds no other slot back."""
         wanted: tuple[type, ...] = {"end": (Finished,), "text": (Finished, *TEXT_EVENTS),
                                      "all": (object,)}[order.events]
         work, failure, finished, stream = order.work, None, False, None
         d = self.decoder
+        if cancelled():  # it waited for a slot (child.py) while its client left
+            return self._outcome(None, None)
         try:
             self.prompt_cache.prepare(list(work.tokens), d.target,
                                       d.draft if d.drafter is d.draft else None)
@@ -138,14 +146,20 @@ class Engine:
                 draft_prompt=self.decoder.draft_prompt_for(
                     [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
             )
-            for event in stream:
-                if cancelled():
-                    break
-                if isinstance(event, PromptEvaluated) and order.events == "all":
-                    put(Evaluated(self.evaluated()))
-                if isinstance(event, wanted):
-                    put(event)
-                finished = isinstance(event, Finished)
+            with active():
+                for event in stream:
+                    if cancelled():
+                        break
+                    if isinstance(event, PromptEvaluated) and order.events == "all":
+                        put(Evaluated(self.evaluated()))
+                    if isinstance(event, wanted):
+                        put(event)
+                    if isinstance(event, Finished):
+                        finished = True
+                        break
+            if finished:  # nothing decodes after Finished: the suffix cache remembers
+                for _ in stream:
+                    pass
         except Exception as exc:
             failure = Failure.of(exc)
         finally:
@@ -156,6 +170,11 @@ class Engine:
             put(Finished(result))  # cut short: what there is, for a stream to end on
         if result is not None:
             self._history = list(work.tokens) + list(result.tokens)
+        elif stream is not None:  # stopped in its prompt: the caches hold a prefix of it
+            self._history = list(work.tokens)
+        return self._outcome(result, failure)
+
+    def _outcome(self, result: GenerationResult | None, failure: Failure | None) -> Outcome:
         cache = cache_report(self._history, self.decoder.target, self.decoder.drafter).as_dict()
         return Outcome(result, failure, cache, self.evaluated(), self.prompt_cache.figures())
 

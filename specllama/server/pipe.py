@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -73,8 +73,10 @@ class Link:
                                         daemon=True)
         self._reader.start()
 
-    def exchange(self, id_: int, message: Any) -> Generator[Any, None, None]:
-        """Send a message (an Order or a Call); yield what comes back for it."""
+    def exchange(self, id_: int, message: Any,
+                 sent: Callable[[], None] | None = None) -> Generator[Any, None, None]:
+        """Send a message (an Order or a Call); yield what comes back for it. `sent`
+        runs once it is on its way, before the first wait."""
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self._lock:
             if self._gone:
@@ -86,6 +88,8 @@ class Link:
                 del self._queues[id_]
                 raise
         try:
+            if sent is not None:
+                sent()
             while (item := inbox.get()) is not GONE:
                 yield item
             raise EOFError
@@ -97,6 +101,14 @@ class Link:
         with self._lock, contextlib.suppress(OSError, ValueError):
             if not self._gone:
                 self.conn.send(message)
+
+    def cancel(self, id_: int) -> None:
+        """Cancel order `id_` if it is in flight. Under the lock its Order is sent with:
+        a Cancel never overtakes its Order (the child would not know it yet), and none
+        goes out for an order whose outcome has been read."""
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            if not self._gone and id_ in self._queues:
+                self.conn.send(Cancel(id_))
 
     def _read(self) -> None:
         try:

@@ -27,8 +27,10 @@ class Slots:
     """N engines sharing one target context; `run` is safe from N threads at once."""
 
     def __init__(self, decoder: SpeculativeDecoder, n: int,
-                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0) -> None:
-        """decoder: its models loaded with n sequences (Model(n_seq=n)) when n > 1."""
+                 prepare: Callable[[], None] | None = None, cache_bytes: int = 0,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        """decoder: its models loaded with n sequences (Model(n_seq=n)) when n > 1.
+        on_lost(why): the batcher's compute thread died or hangs (Batcher)."""
         self.n = n
         self.prompt_cache = PromptCache(cache_bytes)
         self._first = Engine(decoder, prepare, prompt_cache=self.prompt_cache)
@@ -38,7 +40,7 @@ class Slots:
             assert decoder.target.n_seq >= n, "load the models with n_seq=n"
             assert decoder.draft is None or decoder.draft.n_seq >= n \
                 or isinstance(decoder.draft, MtpDraft), "the draft too"
-            self.batcher = Batcher(decoder.target)
+            self.batcher = Batcher(decoder.target, on_lost)
         self._free = list(range(n))
         self._cond = threading.Condition()
 
@@ -77,18 +79,22 @@ class Slots:
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
         assert len(self.engines) == self.n, "prepare() makes the slots"
-        with self._slot_for(list(order.work.tokens)) as engine:
-            return engine.run(order, put, cancelled)
+        with self._slot_for(list(order.work.tokens)) as seq:
+            # Active in the batcher only while it generates (Engine.run), not while it
+            # sets up or tidies up: batches would wait for its share meanwhile.
+            return self.engines[seq].run(order, put, cancelled, lambda: self._active(seq))
 
     def call(self, name: str, *args: Any) -> Any:
         """One of the Engine's CALLS (jobs.py), on a free slot."""
-        with self._slot_for([]) as engine:
-            return getattr(engine, name)(*args)
+        with self._slot_for([]) as seq, self._active(seq):
+            return getattr(self.engines[seq], name)(*args)
+
+    def _active(self, seq: int) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext() if self.batcher is None else self.batcher.active(seq)
 
     @contextlib.contextmanager
-    def _slot_for(self, prompt: list[int]) -> Iterator[Engine]:
-        """The free slot whose cache shares most with `prompt` (waiting for one), held
-        active in the batcher while in use."""
+    def _slot_for(self, prompt: list[int]) -> Iterator[int]:
+        """The free slot whose cache shares most with `prompt` (waiting for one)."""
         with self._cond:
             while not self._free:
                 self._cond.wait()
@@ -96,11 +102,7 @@ class Slots:
                 self.engines[s].decoder.target.cached, prompt))
             self._free.remove(best)
         try:
-            if self.batcher is None:
-                yield self.engines[best]
-            else:
-                with self.batcher.active(best):
-                    yield self.engines[best]
+            yield best
         finally:
             with self._cond:
                 self._free.append(best)

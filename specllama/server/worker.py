@@ -7,12 +7,13 @@ the events a request reads cross over (a non-streaming one: only the end), and t
 loop is woken at most once for however many are waiting: every wake-up is a thread
 taking a core from llama.cpp's, whose threads wait for each other at every step
 (docs/performance.md, "specllama serve beside llama-server"). A job cancelled (client
-gone, server stopping) stops at the next round.
+gone, server stopping) stops at the next round, or a long prompt's next step; a cancel
+that races the order to the engine process is never lost (isolation.py, pipe.py).
 
 When the engine process dies (its RPC server lost or hung, llama.cpp aborted, the OOM
-killer), the request it served answers with the reason, the waiting ones and every new
-one get 503 with Retry-After, and one thread starts another engine, backing off while
-that fails, until it serves again.
+killer, its compute thread dead or hung: batched.py), the request it served answers with
+the reason, the waiting ones and every new one get 503 with Retry-After, and one thread
+starts another engine, backing off while that fails, until it serves again.
 """
 
 from __future__ import annotations
@@ -235,10 +236,6 @@ class Worker:
             with self._lock:
                 self.totals.rejected += 1
             return
-        if job.cancelled:  # the client left while waiting
-            with self._lock:
-                self.totals.cancelled += 1
-            return
         with self._lock:
             self._orders += 1
             order_id = self._orders
@@ -247,7 +244,13 @@ class Worker:
         engine = self.engine
         starts = getattr(engine, "starts", 0)
         if isinstance(engine, EngineProcess):
+            # Before the check below: a cancel from here on reaches the child, or is
+            # seen by that check or by run's own reads of `cancelled` (isolation.py).
             job.on_cancel = lambda: engine.cancel(order.id)
+        if job.cancelled:  # the client left while waiting
+            with self._lock:
+                self.totals.cancelled += 1
+            return
         try:
             outcome = engine.run(order, job.put, lambda: job.cancelled)
         except EngineLost as lost:
@@ -259,9 +262,12 @@ class Worker:
                 500, f"generation failed: {lost}; the engine is being restarted"))
             self._account(job, started, None, lost)
             raise
+        finally:
+            job.on_cancel = None  # the order is over: a late cancel has nothing to tell
         if outcome.failure is not None:
             job.put(outcome.failure)
-        self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
+        if outcome.cache:  # (none from an order cancelled before it was sent)
+            self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
         self._account(job, started, outcome.result, outcome.failure)
 
     def _account(self, job: Job, started: float, result: Any,

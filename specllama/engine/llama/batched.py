@@ -28,6 +28,7 @@ models and on the real SmolLM2 (tests/test_parallel.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -42,9 +43,28 @@ from .model import KVState, LogitsWanted, Model
 
 T = TypeVar("T")
 
+#: Seconds between checks, while a generation waits for its batch, that the compute
+#: thread is alive and not stuck in one decode past `compute_bound()`.
+WATCH_S = 0.5
+
 #: ggml's GGML_FA_TILE_Q: from this many query rows in a batch, CPU flash attention
 #: takes its tiled F32 path (tests/test_parallel.py fails if a llama.cpp moves it).
 WIDE = 64
+
+
+class ComputeLost(DecodeError):
+    """The batcher's thread died, or one decode (or call) on it has run past the bound:
+    every generation would wait on it for ever."""
+
+
+def compute_bound(default: float = 300.0) -> float:
+    """Seconds one batch or call may take on the compute thread before it counts as hung
+    (SPECLLAMA_COMPUTE_TIMEOUT): far above a 512-token batch of a big model on a CPU."""
+    try:
+        value = float(os.environ.get("SPECLLAMA_COMPUTE_TIMEOUT", "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def pieces(n: int, alone: int, most: int) -> list[int]:
@@ -89,10 +109,15 @@ class Batcher:
     shared models, each fired once every active sequence has handed in its share, and
     other calls (measuring auto's costs) as they come."""
 
-    def __init__(self, base: Model) -> None:
+    def __init__(self, base: Model, on_lost: Callable[[str], None] | None = None) -> None:
         """base: the target, loaded with n_seq sequences (a draft model may join
-        through its own views)."""
+        through its own views). on_lost(why): the compute thread is found dead or hung
+        (before ComputeLost is raised in the generation that found it); an engine
+        process ends there, so that it is started again (server/child.py)."""
         self.base = base
+        self.bound_s = compute_bound()
+        self._on_lost = on_lost
+        self._busy_since: float | None = None  # the compute thread's job began then
         #: Held while a shared context changes: a batch, or a view's cache edit.
         self.lock = threading.RLock()
         self._cond = threading.Condition()
@@ -107,7 +132,8 @@ class Batcher:
     # ------------------------------------------------------------ any thread
     @contextlib.contextmanager
     def active(self, seq: int) -> Iterator[None]:
-        """While a generation on `seq` is in progress: no batch fires without its share."""
+        """While a generation on `seq` decodes round after round: no batch fires
+        without its share (a request setting up or tidying up is not held in it)."""
         with self._cond:
             self._active.add(seq)
         try:
@@ -131,7 +157,7 @@ class Batcher:
                 raise DecodeError("the engine is closing")
             self._calls.append(job)
             self._cond.notify_all()
-        job.done.wait()
+        self._wait(job.done)
         if job.error is not None:
             raise job.error
         return job.value
@@ -142,14 +168,34 @@ class Batcher:
         with self._cond:
             if self._closed:
                 raise DecodeError("the engine is closing")
-            if seq not in self._active:
-                raise RuntimeError(f"sequence {seq} decodes outside Batcher.active")
+            # A sequence outside `active` (a request setting up: auto measuring its
+            # costs, a recurrent cache cut back) joins the next batch, holding none back.
             self._shares[seq] = share
             self._cond.notify_all()
-        share.done.wait()
+        self._wait(share.done)
         if share.error is not None:
             raise share.error
         return share
+
+    def lost(self) -> str | None:
+        """Why the compute thread cannot be counted on (None: it can)."""
+        if not self._thread.is_alive() and not self._closed:
+            return "the engine's compute thread died"
+        since = self._busy_since
+        if since is not None and time.monotonic() - since > self.bound_s:
+            return (f"a decode has not returned for {self.bound_s:g} s: the engine hangs "
+                    "(SPECLLAMA_COMPUTE_TIMEOUT sets this bound)")
+        return None
+
+    def _wait(self, done: threading.Event) -> None:
+        """Until `done`; a dead or hung compute thread raises ComputeLost instead of
+        leaving this generation, and every other, waiting for ever."""
+        while not done.wait(WATCH_S):
+            why = self.lost()
+            if why is not None:
+                if self._on_lost is not None:
+                    self._on_lost(why)
+                raise ComputeLost(why)
 
     def close(self) -> None:
         with self._cond:
@@ -171,14 +217,17 @@ class Batcher:
                 else:  # closed
                     self._fail_all(DecodeError("the engine is closing"))
                     return
+                self._busy_since = time.monotonic()
             if job is not None:
                 try:
                     job.value = job.fn()
                 except BaseException as exc:  # handed to the caller
                     job.error = exc
+                self._busy_since = None
                 job.done.set()
             else:
                 self._fire(shares)
+                self._busy_since = None
 
     def _ready(self) -> bool:
         """Every generation in progress is waiting for a batch."""

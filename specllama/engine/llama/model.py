@@ -102,6 +102,9 @@ class Model(Vocabulary):
         self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         model = self._load_model()
         self.n_batch = max(1, min(n_batch, n_ctx))
+        # Where a long input may be cut between decode calls and run the same
+        # llama_decodes as one call (decode's own chunks); a batched view keeps its base's.
+        self.prompt_step = self.n_batch
         self.n_seq = max(1, n_seq)
         self.seq = 0  # the sequence id this object decodes into
         self.memory_kind = memory_kind(model)

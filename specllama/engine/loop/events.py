@@ -48,6 +48,15 @@ class PromptEvaluated:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """`done` tokens of a long prompt are in the target's cache, of `n_tokens` (sent
+    between its steps only: a prompt of one step goes in without one)."""
+
+    done: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
 class DraftProposed:
     """Draft tokens waiting for the target's verdict (the seed's blue tokens)."""
 
@@ -146,6 +155,6 @@ class Finished:
 
 
 Event = (
-    PromptEvaluated | DraftProposed | TokensAccepted | TargetToken | RoundVerified | TextFlushed
-    | Finished
+    PromptProgress | PromptEvaluated | DraftProposed | TokensAccepted | TargetToken
+    | RoundVerified | TextFlushed | Finished
 )

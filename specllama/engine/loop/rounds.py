@@ -27,6 +27,7 @@ from .events import (
     FinishReason,
     GenerationResult,
     PromptEvaluated,
+    PromptProgress,
     RoundVerified,
     TargetKind,
     TargetToken,
@@ -43,7 +44,8 @@ from .textstream import TextStream
 class GenerationStream(Iterator[Event]):
     """The events of one generation. `result` is set once it has ended, however
     it ended: finished, closed early, or stopped by an error or Ctrl-C (None only
-    when it was closed before it began)."""
+    when it was closed before its first round: while or right after its prompt was
+    evaluated)."""
 
     def __init__(self) -> None:
         self.result: GenerationResult | None = None
@@ -120,9 +122,12 @@ class Generation:
                          (("target", target), ("draft", draft_model)) if m is not None]
 
     def run(self, out: GenerationStream) -> Generator[Event, None, None]:
-        yield self._evaluate_prompt()
-        start = self._clock()
+        start, began = self._clock(), False
         try:
+            # Inside the try: a close between the prompt's steps leaves the caches as
+            # any other close does.
+            yield from self._evaluate_prompt()
+            start, began = self._clock(), True
             while self.finish is None:
                 limit = self._draft_limit()
                 if limit is None:
@@ -146,7 +151,8 @@ class Generation:
             self.finish = "error"
             raise
         finally:
-            out.result = self._end(start)
+            result = self._end(start)
+            out.result = result if began else None  # closed before its first round
         tail = self.text.flush()
         if tail:
             yield TextFlushed(tail)
@@ -154,19 +160,28 @@ class Generation:
         yield Finished(out.result)
 
     # ------------------------------------------------------------ the steps
-    def _evaluate_prompt(self) -> PromptEvaluated:
-        """Everything but the last token goes into the target's cache; the drafters
-        begin (a draft model decodes its share only if it may draft in this call)."""
+    def _evaluate_prompt(self) -> Iterator[PromptProgress | PromptEvaluated]:
+        """Everything but the last token goes into the target's cache, a PromptProgress
+        between steps of `target.prompt_step` tokens (whoever reads may close the
+        generation there: a server's client gone mid-prompt frees the engine within a
+        step); then the drafters begin (a draft model decodes its share only if it may
+        draft in this call)."""
         if not self.keep_cache:
             self.target.clear()
         t0 = time.perf_counter()
         prefix = self.committed[:-1]
         reused = self.target.sync_to(prefix)
-        self.target.decode(prefix[reused:], "none")
-        self.chain.begin(Start(self.committed, self.keep_cache, self.policy))
         self.stats.prompt_reused = reused
+        # Steps of n_batch from where decoding starts cut where Model.decode cuts anyway:
+        # the same llama_decode calls as one decode, so the same logits, at no cost.
+        step = self.target.prompt_step
+        for at in range(reused, len(prefix), step):
+            if at > reused:
+                yield PromptProgress(at, self.n_prompt)
+            self.target.decode(prefix[at : at + step], "none")
+        self.chain.begin(Start(self.committed, self.keep_cache, self.policy))
         self.stats.prompt_s = time.perf_counter() - t0
-        return PromptEvaluated(self.n_prompt, reused, self.stats.prompt_s)
+        yield PromptEvaluated(self.n_prompt, reused, self.stats.prompt_s)
 
     def _draft_limit(self) -> int | None:
         """The most tokens this round may draft; None when the context is full.
@@ -305,5 +320,7 @@ class Generation:
         lp = log_softmax(self._row(i))
         n = self.logprobs or 0
         top = np.argpartition(-lp, n)[:n] if n else np.empty(0, dtype=np.int64)
+        # tokens a constraint forbids (log 0) are no alternatives, and -inf is no JSON
+        top = top[np.isfinite(lp[top])]
         top = top[np.argsort(-lp[top], kind="stable")]
         return TokenLogprob(token, float(lp[token]), tuple((int(t), float(lp[t])) for t in top))
