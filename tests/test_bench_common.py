@@ -13,8 +13,8 @@ from bench.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
 SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
-           "crossvocab", "following", "isolation", "laptop", "llamacpp", "llamaserver", "maskcost",
-           "hybrid", "promptcache", "rpc_latency", "sequence", "soak", "suffixcost"]
+           "crossvocab", "following", "fuzz", "isolation", "laptop", "llamacpp", "llamaserver",
+           "maskcost", "hybrid", "promptcache", "rpc_latency", "sequence", "soak", "suffixcost"]
 
 
 def test_every_python_file_in_bench_is_a_script_named_here_or_a_module_they_share():
