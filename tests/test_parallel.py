@@ -359,8 +359,8 @@ def test_with_no_queue_a_third_request_gets_503_while_two_are_served(start):
     server = start("--queue", 0)
     body = {"model": server.model, "prompt": "the cat and the dog", "temperature": 0,
             "max_tokens": 4000}
-    # Long enough to hold a slot, and short enough that no near-tie of the tiny random
-    # model flips between batch compositions (at 2000 tokens one did, in half the runs).
+    # Long enough to hold a slot, short enough that no near-tie of the tiny random model
+    # flips with the cache's layout (at 2000 tokens one did: test_parallel_ties.py).
     other = {**body, "prompt": "a b c d e f g", "max_tokens": 500}
     reference = httpx.post(f"{server.url}/v1/completions", json=other, timeout=60).json()
     assert reference["usage"]["completion_tokens"] == 500
