@@ -10,6 +10,7 @@ what the real ones cost; their text is meaningless.
 
     python -m bench.hybrid --pair synth-qwen3.5-2b
     python -m bench.hybrid --pair synth-lfm2-1.2b --reps 7
+    python -m bench.hybrid --pair synth-qwen3.5-9b --mtp-step-only
 """
 
 from __future__ import annotations
@@ -139,8 +140,20 @@ def main() -> None:
     p = parser(__doc__)
     add_pair_options(p, pair="synth-qwen3.5-2b")
     add_run_options(p, reps=5, max_tokens=64, json=True)
+    p.add_argument("--mtp-step-only", action="store_true",
+                   help="only the MTP step against a target step (a 9B's curves take long)")
     args = p.parse_args()
     target, _ = resolve_models(args)
+    if args.mtp_step_only:
+        model, _ = load(target, args.threads, SNAPSHOTS)
+        steps = mtp_step(model, args.reps)
+        model.close()
+        assert steps is not None, "this target has no MTP layers"
+        print(json.dumps({"machine": machine(), "target": str(target), "threads": args.threads,
+                          "target_step_ms": round(steps[0] * 1e3, 2),
+                          "mtp_step_ms": round(steps[1] * 1e3, 2),
+                          "mtp_step/target_step": round(steps[1] / steps[0], 3)}, indent=1))
+        return
     with_snapshots, mib = load(target, args.threads, SNAPSHOTS)
     without, mib0 = load(target, args.threads, 0)
     prompt = with_snapshots.tokenize(PROMPT)

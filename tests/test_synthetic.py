@@ -196,15 +196,15 @@ def test_the_forms_and_their_defaults(tmp_path):
 BAD_FORMS = [
     ('{ synthetic = "gpt-5" }', None,
      'target.synthetic: unknown shape "gpt-5"; expected one of: llama3.1-8b, qwen2.5-7b, '
-     "smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
+     "smollm2-1.7b, qwen3.5-2b, qwen3.5-9b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
      "tiny-lfm2"),
     ("{ synthetic = 8 }", None,
      "target.synthetic: must be a shape name, got integer 8; expected one of: llama3.1-8b, "
-     "qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
+     "qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, qwen3.5-9b, lfm2-1.2b, lfm2-350m, tiny, tiny-qwen3.5, "
      "tiny-lfm2"),
     ('{ synthetic = "SmolLM2-1.7B" }', None,
      "target.synthetic: unknown shape \"SmolLM2-1.7B\" (did you mean 'smollm2-1.7b'?); "
-     "expected one of: llama3.1-8b, qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, lfm2-1.2b, "
+     "expected one of: llama3.1-8b, qwen2.5-7b, smollm2-1.7b, qwen3.5-2b, qwen3.5-9b, lfm2-1.2b, "
      "lfm2-350m, tiny, tiny-qwen3.5, tiny-lfm2"),
     ('{ synthetic = "tiny", late = -0.1 }', None,
      "target.late: must be a number from 0 to 1 (the later layers' weight scale: 0.1 is "

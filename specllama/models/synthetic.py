@@ -93,6 +93,10 @@ SHAPES: dict[str, Shape] = {
     "qwen3.5-2b": Shape("Qwen3.5-layout 2B", 2048, 24, 6144, 8, 2, 248320,
                         context=262144, rope_base=1e7, rms_eps=1e-6, arch="qwen35",
                         head_dim_=256, attn_every=4, ssm=(128, 16, 16), mtp=1),
+    # Qwen3.5 9B's dimensions, to price its MTP layer against its trunk.
+    "qwen3.5-9b": Shape("Qwen3.5-layout 9B", 4096, 32, 12288, 16, 4, 248320,
+                        context=262144, rope_base=1e7, rms_eps=1e-6, arch="qwen35",
+                        head_dim_=256, attn_every=4, ssm=(128, 16, 32), mtp=1),
     "lfm2-1.2b": Shape("LFM2 1.2B", 2048, 16, 8192, 32, 8, 65536, context=128000,
                        rope_base=1e6, arch="lfm2", attn_layers=(2, 5, 8, 10, 12, 14)),
     "lfm2-350m": Shape("LFM2 350M", 1024, 16, 4608, 16, 8, 65536, context=128000,
