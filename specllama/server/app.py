@@ -109,9 +109,8 @@ class _API:
     async def health(self, request: Request) -> Response:
         """Alive or not for anyone (probes need no key); the figures only with the key,
         when there is one: they show other clients' usage."""
-        w = self.worker
-        down = w.down
-        failure = None if down is None else down.failure()
+        now = self.worker.snapshot()
+        failure = None if now.down is None else now.down.failure()
         status, headers = (200, None) if failure is None else (
             503, {"Retry-After": str(failure.retry_after)})
         body: dict[str, Any] = {"status": "ok" if failure is None else "unavailable"}
@@ -122,10 +121,10 @@ class _API:
         body["model"] = self.config.model_id
         if failure is not None:
             body.update(reason=failure.message, retry_after=failure.retry_after)
-        body.update(busy=w.busy, serving=w.serving, parallel=w.parallel, waiting=w.waiting,
-                    requests=w.totals.as_dict(),
-                    cache=w.cache, prompt_cache=asdict(w.prompt_cache),
-                    engine_pid=getattr(w.engine, "pid", None))
+        body.update(busy=now.busy, serving=now.serving, parallel=now.parallel,
+                    waiting=now.waiting, requests=now.totals.as_dict(),
+                    cache=now.cache, prompt_cache=asdict(now.prompt_cache),
+                    engine_pid=now.engine_pid)
         return JSONResponse(body, status_code=status, headers=headers)
 
     @_endpoint

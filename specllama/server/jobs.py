@@ -91,7 +91,24 @@ class Outcome:
     prompt_cache: CacheFigures = CacheFigures()
 
 
-class Engine:
+class InProcess:
+    """What the worker asks of an engine process (worker.Decoding), answered by an
+    engine in this process: started once, when made, and never lost."""
+
+    starts = 1
+    pid: int | None = None  # (/health's engine_pid)
+
+    def cancel(self, order_id: int) -> None:
+        """Nothing to tell: `run` reads `cancelled` at every event."""
+
+    def start(self) -> None:
+        """Nothing to start again: it is never lost."""
+
+    def kill(self) -> None:
+        """Nothing to end at once: `close` closes the decoder."""
+
+
+class Engine(InProcess):
     """A decoder serving orders one at a time, on the calling thread."""
 
     def __init__(self, decoder: SpeculativeDecoder,

@@ -124,15 +124,13 @@ class Metrics:
 
 def exposition(worker: Worker) -> str:
     """/metrics: the worker's counters as they stand."""
-    with worker._lock:
-        t = worker.totals
-        requests = {"completed": t.completed, "cancelled": t.cancelled,
-                    "failed": t.failed, "rejected": t.rejected}
-        restarts, stats = t.engine_restarts, Stats()
-        stats.merge(t.stats)
-    return worker.metrics.render(requests=requests, restarts=restarts, stats=stats,
-                                 waiting=worker.waiting, running=worker.serving,
-                                 cache=worker.cache, prompt_cache=worker.prompt_cache)
+    now = worker.snapshot()
+    t = now.totals
+    requests = {"completed": t.completed, "cancelled": t.cancelled,
+                "failed": t.failed, "rejected": t.rejected}
+    return worker.metrics.render(requests=requests, restarts=t.engine_restarts,
+                                 stats=t.stats, waiting=now.waiting, running=now.serving,
+                                 cache=now.cache, prompt_cache=now.prompt_cache)
 
 
 def drafted(stats: Stats) -> tuple[dict[str, int], dict[str, int]]:

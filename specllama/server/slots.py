@@ -19,11 +19,11 @@ from typing import Any
 from .. import Event, SpeculativeDecoder
 from ..engine.llama.batched import Batcher, SeqView
 from ..engine.llama.mtp import MtpDraft
-from .jobs import Engine, Evaluated, Order, Outcome
+from .jobs import Engine, Evaluated, InProcess, Order, Outcome
 from .promptcache import CacheFigures, PromptCache, shared
 
 
-class Slots:
+class Slots(InProcess):
     """N engines sharing one target context; `run` is safe from N threads at once."""
 
     def __init__(self, decoder: SpeculativeDecoder, n: int,

@@ -24,12 +24,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .. import Event, SpecLlamaError, Stats
 from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable
-from .isolation import EngineLost, EngineProcess
+from .isolation import EngineLost
 from .jobs import SHUTTING_DOWN, Evaluated, Failure, Order, Outcome
 from .metrics import Metrics
 from .promptcache import CacheFigures
@@ -40,9 +40,29 @@ BACKOFF_MAX_S = 10.0
 
 
 class Decoding(Protocol):
+    """What the worker drives: an engine process (isolation.EngineProcess) or one in
+    this process (jobs.Engine, slots.Slots: never lost, nothing to cancel or kill)."""
+
+    @property
+    def starts(self) -> int:
+        """Times started: a job begun at another count had an engine since lost."""
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's (/health's engine_pid); None in this process."""
+
     def prepare(self) -> str | None: ...
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome: ...
+    def cancel(self, order_id: int) -> None:
+        """From any thread: stop order `order_id` at its next round, past `cancelled`."""
+
+    def start(self) -> object:
+        """Start it again after an EngineLost."""
+
+    def kill(self) -> None:
+        """End it at once, a thread stuck in `run` or not (after close's threads)."""
+
     def close(self) -> None: ...
 
 
@@ -82,6 +102,21 @@ class Down:
         what = "the target's RPC server is unreachable" if self.remote else \
             "the engine is restarting"
         return Failure(503, f"{what} ({self.reason}); retry later", "engine_unavailable", wait)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /health and /metrics read, taken at one moment (Worker.snapshot)."""
+
+    totals: Totals  # a copy
+    busy: bool
+    serving: int  # requests being generated now
+    waiting: int  # queued behind them
+    parallel: int
+    cache: dict[str, int | bool]  # a copy
+    prompt_cache: CacheFigures
+    engine_pid: int | None
+    down: Down | None
 
 
 class Worker:
@@ -142,6 +177,17 @@ class Worker:
         """Requests being generated now (at most `parallel`)."""
         return len(self._current)
 
+    def snapshot(self) -> Snapshot:
+        """The figures as they stand, all at once (under the lock the threads count in)."""
+        with self._lock:
+            stats = Stats()
+            stats.merge(self.totals.stats)
+            return Snapshot(replace(self.totals, stats=stats), busy=self.busy,
+                            serving=self.serving, waiting=self.waiting,
+                            parallel=self.parallel, cache=dict(self.cache),
+                            prompt_cache=self.prompt_cache, engine_pid=self.engine.pid,
+                            down=self.down)
+
     def submit(self, work: Work, label: str, stream: bool = True) -> Job:
         job = Job(work, asyncio.get_running_loop(), label, stream)
         with self._lock:
@@ -182,8 +228,7 @@ class Worker:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
-        if isinstance(self.engine, EngineProcess):
-            self.engine.kill()  # a no-op unless a thread is stuck
+        self.engine.kill()  # a no-op unless a thread is stuck
 
     # ------------------------------------------------------------ worker threads
     def _run(self, index: int) -> None:
@@ -203,7 +248,7 @@ class Worker:
             while (job := self._jobs.get()) is not None:
                 with self._lock:
                     self._current.add(job)
-                lost, starts = None, getattr(self.engine, "starts", 0)
+                lost, starts = None, self.engine.starts
                 try:
                     self._serve(job)
                 except EngineLost as exc:
@@ -242,11 +287,11 @@ class Worker:
         order = Order(order_id, job.work, "text" if job.stream else "end",
                       self.draft_max, self.drafters)
         engine = self.engine
-        starts = getattr(engine, "starts", 0)
-        if isinstance(engine, EngineProcess):
-            # Before the check below: a cancel from here on reaches the child, or is
-            # seen by that check or by run's own reads of `cancelled` (isolation.py).
-            job.on_cancel = lambda: engine.cancel(order.id)
+        starts = engine.starts
+        # Before the check below: a cancel from here on reaches an engine process's
+        # child, or is seen by that check or by run's own reads of `cancelled`
+        # (isolation.py).
+        job.on_cancel = lambda: engine.cancel(order.id)
         if job.cancelled:  # the client left while waiting
             with self._lock:
                 self.totals.cancelled += 1
@@ -256,7 +301,7 @@ class Worker:
         except EngineLost as lost:
             down = Down(str(lost), lost.remote, time.monotonic())
             with self._lock:  # from now on new requests get 503 (unless another thread
-                if getattr(engine, "starts", 0) == starts:  # has started it again)
+                if engine.starts == starts:  # has started it again)
                     self.down = down
             job.put(down.failure() if lost.remote else Failure(
                 500, f"generation failed: {lost}; the engine is being restarted"))
@@ -267,7 +312,8 @@ class Worker:
         if outcome.failure is not None:
             job.put(outcome.failure)
         if outcome.cache:  # (none from an order cancelled before it was sent)
-            self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
+            with self._lock:
+                self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
         self._account(job, started, outcome.result, outcome.failure)
 
     def _account(self, job: Job, started: float, result: Any,
@@ -294,13 +340,12 @@ class Worker:
         then start the engine again (backing off) until it serves or the server stops.
         Jobs served beside it were lost with it: the first of their threads here does
         this (`starts`: the engine's starts when the job began), the others wait."""
-        engine = self.engine
-        assert isinstance(engine, EngineProcess)  # an in-process engine cannot be lost
+        engine = self.engine  # an engine process: one in this process is never lost
         with self._restarting:
             if engine.starts == starts and not self._stop.is_set():
                 self._restart(lost, engine)
 
-    def _restart(self, lost: EngineLost, engine: EngineProcess) -> None:
+    def _restart(self, lost: EngineLost, engine: Decoding) -> None:
         self._log(f"engine lost: {lost}; starting it again")
         delay = 0.0
         while not self._stop.wait(delay):
