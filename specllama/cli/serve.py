@@ -86,15 +86,16 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None,
     # SPECLLAMA_SERVE_IN_PROCESS=1: the models in this process (bench/isolation.py's
     # baseline for what the isolation costs).
     engine: server.Slots | server.EngineProcess
+    process: server.EngineProcess | None = None  # its settings come once it has loaded
     if os.environ.get("SPECLLAMA_SERVE_IN_PROCESS") == "1":
         decoder, measure, settings = load_engine(run, True, parallel=parallel)
         engine = server.Slots(decoder, parallel, measure, cache_mib << 20)
     else:
-        engine = server.EngineProcess(functools.partial(load_engine, run, parallel=parallel),
-                                      cache_mib << 20, parallel)
+        engine = process = server.EngineProcess(
+            functools.partial(load_engine, run, parallel=parallel), cache_mib << 20, parallel)
     try:
-        if isinstance(engine, server.EngineProcess):
-            settings = engine.start()
+        if process is not None:
+            settings = process.start()
         vocab = Vocabulary(settings.target)
         model_id = settings.pair or Path(settings.target).stem
         config = server.ServeConfig(
