@@ -1,7 +1,8 @@
 """bench/soak.py's requests: the mix it sends, and how a client tells what became of each.
 
-Every request must end with an HTTP status, a stream with `data: [DONE]`; anything else
-(an exception, a reset, a timeout, a stream cut short) is LOST.
+Every request must end with an HTTP status, a stream with `data: [DONE]` (or be abandoned
+by its client on purpose); anything else (an exception, a reset, a timeout, a stream cut
+short) is LOST.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Spec:
     index: int
     chat: bool
     stream: bool
-    drop_after: int  # data lines read before hanging up; 0: read to the end
+    drop_after: int  # data lines read before hanging up (abandoned); 0: read to the end
     temperature: float
     max_tokens: int
     prompt: str
@@ -51,19 +52,24 @@ class Outcome:
     retry_after: int = 0  # what a non-200's Retry-After header asks for
 
 
-def plan(n: int, seed: int) -> list[Spec]:
+def plan(n: int, seed: int, abandon: float = 0.25) -> list[Spec]:
     """n requests: chat or plain (2:1), streamed or not, prompts of 5-300 words (log-
-    uniform), max_tokens 4-64, greedy or T = 0.8; one stream in six dropped early."""
+    uniform), max_tokens 4-64, greedy or T = 0.8; a share `abandon` of the streams
+    abandoned by their client at a random point: after 1 to max_tokens / 3 data lines
+    (text arriving together is one line: the later points may come after the end, and
+    then the stream completes)."""
     rng = random.Random(seed)
     specs = []
     for i in range(n):
         stream = rng.random() < 0.5
         words = int(math.exp(rng.uniform(math.log(5), math.log(300))))
         text = " ".join(rng.choice(WORDS) for _ in range(words))
+        max_tokens = rng.choice((4, 8, 16, 32, 48, 64))
+        drop_after = rng.randint(1, max(2, max_tokens // 3)) if rng.random() < abandon else 0
         specs.append(Spec(i, chat=rng.random() < 0.67, stream=stream,
-                          drop_after=rng.choice((1, 2)) if stream and rng.random() < 1 / 6 else 0,
-                          temperature=rng.choice((0.0, 0.8)),
-                          max_tokens=rng.choice((4, 8, 16, 32, 48, 64)), prompt=text))
+                          drop_after=drop_after if stream else 0,
+                          temperature=rng.choice((0.0, 0.8)), max_tokens=max_tokens,
+                          prompt=text))
     return specs
 
 
