@@ -11,6 +11,7 @@ what the real ones cost; their text is meaningless.
     python -m bench.hybrid --pair synth-qwen3.5-2b
     python -m bench.hybrid --pair synth-lfm2-1.2b --reps 7
     python -m bench.hybrid --pair synth-qwen3.5-9b --mtp-step-only
+    python -m bench.hybrid --pair synth-qwen3.5-2b --generation-only --max-tokens 192 --reps 3
 """
 
 from __future__ import annotations
@@ -142,8 +143,15 @@ def main() -> None:
     add_run_options(p, reps=5, max_tokens=64, json=True)
     p.add_argument("--mtp-step-only", action="store_true",
                    help="only the MTP step against a target step (a 9B's curves take long)")
+    p.add_argument("--generation-only", action="store_true",
+                   help="only generation with MTP drafts against the target alone")
     args = p.parse_args()
     target, _ = resolve_models(args)
+    if args.generation_only:
+        print(json.dumps({"machine": machine(), "target": str(target), "threads": args.threads,
+                          "generation": generation(target, args.threads, args.reps,
+                                                   args.max_tokens)}, indent=1))
+        return
     if args.mtp_step_only:
         model, _ = load(target, args.threads, SNAPSHOTS)
         steps = mtp_step(model, args.reps)
