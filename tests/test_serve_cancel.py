@@ -393,14 +393,17 @@ class InProcessServer:
         self.worker.close()
 
 
-def test_a_hung_compute_thread_is_the_engine_lost_path(tiny_target, tmp_path, monkeypatch):
-    """`--parallel 2`: the compute thread hangs in a llama_decode. The request it held
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_hung_compute_thread_is_the_engine_lost_path(tiny_target, tmp_path, monkeypatch,
+                                                       parallel):
+    """A llama_decode hangs: on the compute thread (`--parallel 2`) or on the one slot's
+    (`--parallel 1`, where the engine process watches its decodes). The request it held
     fails with a 500 naming the hang (not a hang of its own), /health says unavailable
     while the engine is started again, and the next request is served as before."""
     monkeypatch.setenv("SPECLLAMA_COMPUTE_TIMEOUT", "2")  # read in the engine process
     trigger = tmp_path / "hang"
-    server = InProcessServer(functools.partial(load_tiny, str(tiny_target), None, 2,
-                                               str(trigger)), Vocabulary(tiny_target), 2)
+    server = InProcessServer(functools.partial(load_tiny, str(tiny_target), None, parallel,
+                                               str(trigger)), Vocabulary(tiny_target), parallel)
     try:
         expected = complete(server.url, server.model).json()["choices"][0]["text"]
         pid = health(server.url).json()["engine_pid"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import SpecLlamaError, SpeculativeDecoder
 from ..engine.llama import backend
+from ..engine.llama.batched import compute_bound
 from .jobs import CALLS, Failure, Order, Outcome
 from .pipe import Call, Cancel, LastWords, LoadFailed, Ready, Reply, Tagged
 from .slots import Slots
@@ -54,6 +55,7 @@ def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
         os._exit(3)
 
     backend.on_fatal(last_words)
+    backend.watch_local_decodes(compute_bound())  # one slot: no compute thread watches
     try:
         decoder, prepare, info = factory(first)
         slots = Slots(decoder, parallel, prepare, cache_bytes, lost)

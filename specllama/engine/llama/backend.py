@@ -227,35 +227,60 @@ def _stall_bound(default: float = 120.0) -> float:
 
 
 RPC_STALL_S = _stall_bound()
-_RPC_WAITS: dict[object, tuple[float, str]] = {}  # a decode under way -> (deadline, where)
+# A decode under way -> (deadline, the last words past it, whether the RPC server is why).
+_WAITS: dict[object, tuple[float, str, bool]] = {}
+_LOCAL_BOUND: list[float] = []  # set in an engine process (watch_local_decodes)
 
 
 @contextlib.contextmanager
-def stall_watch(where: str) -> Iterator[None]:
-    """Around one decode on the RPC servers `where`: past RPC_STALL_S, the process ends."""
+def _watched(deadline: float, message: str, remote: bool) -> Iterator[None]:
     key = object()
-    _RPC_WAITS[key] = (time.monotonic() + RPC_STALL_S, where)
+    _WAITS[key] = (deadline, message, remote)
     try:
         yield
     finally:
-        del _RPC_WAITS[key]
+        del _WAITS[key]
+
+
+def stall_watch(where: str) -> contextlib.AbstractContextManager[None]:
+    """Around one decode on the RPC servers `where`: past RPC_STALL_S, the process ends."""
+    return _watched(time.monotonic() + RPC_STALL_S,
+                    f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; giving "
+                    "up (SPECLLAMA_RPC_TIMEOUT sets this bound)", True)
+
+
+def watch_local_decodes(bound_s: float) -> None:
+    """In an engine process: a local decode that has not returned after `bound_s` ends
+    the process, so its supervisor starts another (with one slot no compute thread
+    watches the decodes: batched.py)."""
+    _LOCAL_BOUND[:] = [bound_s]
+    _start_stall_watch()
+
+
+def local_watch() -> contextlib.AbstractContextManager[None]:
+    """Around one local decode: watched once `watch_local_decodes` was called."""
+    if not _LOCAL_BOUND:
+        return contextlib.nullcontext()
+    bound = _LOCAL_BOUND[0]
+    return _watched(time.monotonic() + bound,
+                    f"a decode has not returned for {bound:g} s: the engine hangs "
+                    "(SPECLLAMA_COMPUTE_TIMEOUT sets this bound)", False)
 
 
 @functools.cache
 def _start_stall_watch() -> None:
-    """One daemon thread: a remote decode past its deadline ends the process in one
-    line (the C call cannot be interrupted, and its state would be unknown anyway)."""
+    """One daemon thread: a decode past its deadline ends the process in one line (the
+    C call cannot be interrupted, and its state would be unknown anyway)."""
 
     def watch() -> None:
         while True:
             time.sleep(0.5)
             now = time.monotonic()
-            for deadline, where in list(_RPC_WAITS.values()):
+            for deadline, message, remote in list(_WAITS.values()):
                 if now > deadline:
-                    _fatal(f"the RPC server {where} has not answered for {RPC_STALL_S:g} s; "
-                           "giving up (SPECLLAMA_RPC_TIMEOUT sets this bound)", remote=True)
+                    _fatal(message, remote=remote)
 
-    threading.Thread(target=watch, name="specllama-rpc-watch", daemon=True).start()
+    threading.Thread(target=watch, name="specllama-decode-watch", daemon=True).start()
 
 
 _ABORT_HANDLER: list[Any] = []  # keeps the ctypes callback alive for the process's life

@@ -259,7 +259,8 @@ class Model(Vocabulary):
         batch.n_tokens = len(tokens)
         self.fill(batch, 0, tokens, start, logits)
         t0 = time.perf_counter()
-        rc = self.submit(batch)
+        with backend.local_watch():  # (an engine process's: a hung decode ends it)
+            rc = self.submit(batch)
         return rc, time.perf_counter() - t0
 
     def fill(self, batch: Any, at: int, tokens: list[int], start: int,
