@@ -102,8 +102,7 @@ class Model(Vocabulary):
         self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
         model = self._load_model()
         self.n_batch = max(1, min(n_batch, n_ctx))
-        # Where a long input may be cut between decode calls and run the same
-        # llama_decodes as one call (decode's own chunks); a batched view keeps its base's.
+        # Cuts of a long input that make decode's own llama_decode calls (a view: its base's)
         self.prompt_step = self.n_batch
         self.n_seq = max(1, n_seq)
         self.seq = 0  # the sequence id this object decodes into
@@ -112,12 +111,11 @@ class Model(Vocabulary):
         self._ctx = ctx
         self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_seq
         self._mem = lc.llama_get_memory(ctx)
-        # How a cut back runs (rewind.py); a recurrent state's checkpoints live in spare
-        # sequences n_seq.. (one a sequence).
+        # How a cut back runs (rewind.py); recurrent checkpoints go to spare sequences n_seq..
+        n_rs = int(lc.llama_n_rs_seq(ctx))
         best: Rewind = "trim" if self.memory_kind == "transformer" else \
-            "snapshot" if lc.llama_n_rs_seq(ctx) > 0 else "copy"
-        self.rewinder = Rewinder(self._mem, 0, -1 if best == "trim" else self.n_seq, best,
-                                 int(lc.llama_n_rs_seq(ctx)))
+            "snapshot" if n_rs > 0 else "copy"
+        self.rewinder = Rewinder(self._mem, 0, -1 if best == "trim" else self.n_seq, best, n_rs)
         # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
         # the end) is read as a stand-in: it costs acceptance, never exactness.
         newline = int(lc.llama_vocab_nl(self._vocab))
@@ -142,9 +140,8 @@ class Model(Vocabulary):
     def _load_model(self) -> Any:
         """Load the weights (onto the RPC servers when there are any) and adopt them."""
         mparams = lc.llama_model_default_params()
-        # MTP layers load with the rest (about one layer): a file that has them can draft
-        # for itself (mtp.py), and an MTP context never meets a model loaded without them
-        # (llama.cpp aborts the process then).
+        # MTP layers (about one layer) load always: an MTP context (mtp.py) on a model
+        # loaded without them aborts the process.
         mparams.load_mtp = True
         if backend.amx_built_in():
             mparams.use_extra_bufts = False
@@ -176,8 +173,7 @@ class Model(Vocabulary):
         # ubatch (separate buffers split it into equal per-sequence slices), and a
         # checkpoint shares cells rather than copying them.
         cparams.kv_unified = cparams.n_seq_max > 1
-        # Recurrent states kept per token for a rollback (granted only to the archs
-        # llama.cpp lists; clamped to 0 elsewhere).
+        # Recurrent states kept per token for a rollback (llama.cpp grants them to some archs)
         cparams.n_rs_seq = self._snapshots if spares else 0
         # A sliding-window cache keeps every cell: a rollback past the window then never
         # finds pruned cells missing (llama.cpp's default; stated, as we rely on it).
