@@ -1,7 +1,9 @@
-"""Servers the tests run as subprocesses: `specllama serve` and `specllama rpc-server`."""
+"""Servers the tests run: `specllama serve` and `specllama rpc-server` as subprocesses, and
+the HTTP app on a thread of the test's own process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -11,13 +13,55 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
+import uvicorn
+
+from specllama.server import listen
+from specllama.server.runner import url_of
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 READY = re.compile(r"serving (\S+) at (http://\S+)/v1")
+
+
+class AppOnThread:
+    """An ASGI app served by uvicorn on a thread of this process, on a free port of
+    127.0.0.1 (what `specllama serve` runs, less its signal handling)."""
+
+    def __init__(self, app) -> None:
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        sock = listen("127.0.0.1", 0)
+        self.url = url_of(sock)
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(30)
+
+
+@contextlib.contextmanager
+def starting(tmp_path_factory, name: str, *base) -> Iterator[Callable[..., ServerProcess]]:
+    """make(*extra_args) -> `specllama serve *base *extra` running; all killed at the end."""
+    servers: list[ServerProcess] = []
+
+    def make(*extra) -> ServerProcess:
+        server = ServerProcess([*base, *extra], tmp_path_factory.mktemp(name))
+        servers.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.kill()
 
 
 class ServerProcess:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from drafts import GREEDY
-from servers import ServerProcess
+from servers import ServerProcess, starting
 from test_cli import assert_one_line_error
 from test_exactness import exact_first_two, goodness_of_fit
 
@@ -307,18 +307,10 @@ def test_cancelling_one_of_three_concurrent_requests_stops_only_that_one(tiny_ta
 @pytest.fixture(scope="module")
 def start(tiny_target, tiny_draft, tmp_path_factory):
     """start(*extra_args) -> `specllama serve --parallel 2` on the tiny pair."""
-    servers: list[ServerProcess] = []
-
-    def make(*extra) -> ServerProcess:
-        server = ServerProcess(["--target", tiny_target, "--draft", tiny_draft, "--threads", 1,
-                                "--n-ctx", 4096, "--draft-max", 3, "--temperature", 0,
-                                "--parallel", 2, *extra], tmp_path_factory.mktemp("parallel"))
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.kill()
+    with starting(tmp_path_factory, "parallel", "--target", tiny_target, "--draft", tiny_draft,
+                  "--threads", 1, "--n-ctx", 4096, "--draft-max", 3, "--temperature", 0,
+                  "--parallel", 2) as make:
+        yield make
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int = 40) -> httpx.Response:

@@ -4,27 +4,24 @@ will not take back under `serve --parallel` answered by a fresh decode, not a 50
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from drafts import GREEDY
+from servers import AppOnThread
 from test_cli import assert_one_line_error
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
 from specllama.engine.llama import KVState, Model
 from specllama.engine.llama.batched import SeqView
-from specllama.server import Defaults, ServeConfig, listen, promptcache
+from specllama.server import Defaults, ServeConfig, promptcache
 from specllama.server.app import create_app
 from specllama.server.jobs import Engine, Order
 from specllama.server.prompts import Work
-from specllama.server.runner import url_of
 from specllama.server.slots import Slots
 from specllama.server.worker import Worker
 
@@ -160,24 +157,16 @@ class ParallelServer:
                              draft_max=3, drafters=("lookup", "model"), n_ctx=512,
                              parallel=2)
         app = create_app(self.worker, config, models[0], lambda line: None)
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        sock = listen("127.0.0.1", 0)
-        self.url = url_of(sock)
         self.worker.start()
-        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.uvicorn.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self.http = AppOnThread(app)
+        self.url = self.http.url
 
     def complete(self, prompt: str) -> httpx.Response:
         return httpx.post(f"{self.url}/v1/completions", timeout=60,
                           json={"model": "tiny", "prompt": prompt, "max_tokens": 16})
 
     def stop(self) -> None:
-        self.uvicorn.should_exit = True
-        self.thread.join(30)
+        self.http.stop()
         self.worker.close()
 
 

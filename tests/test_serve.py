@@ -15,17 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import uvicorn
 from click.testing import CliRunner
-from servers import ServerProcess
+from servers import AppOnThread, ServerProcess, starting
 from tinymodels import write_tiny_mamba
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.server import Defaults, ServeConfig, listen
+from specllama.server import Defaults, ServeConfig
 from specllama.server.app import create_app
 from specllama.server.jobs import Engine
-from specllama.server.runner import url_of
 from specllama.server.worker import Worker
 
 PROMPT = "Hello world"
@@ -34,18 +32,10 @@ PROMPT = "Hello world"
 @pytest.fixture(scope="module")
 def start(tiny_target, tiny_draft, tmp_path_factory):
     """start(*extra_args) -> a running ServerProcess on the tiny pair; all killed at the end."""
-    servers: list[ServerProcess] = []
-
-    def make(*extra) -> ServerProcess:
-        args = ["--target", tiny_target, "--draft", tiny_draft, "--threads", 1, "--n-ctx", 512,
-                "--draft-max", 3, "--temperature", 0.8, "--max-tokens", 24, *extra]
-        server = ServerProcess(args, tmp_path_factory.mktemp("serve"))
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.kill()
+    with starting(tmp_path_factory, "serve", "--target", tiny_target, "--draft", tiny_draft,
+                  "--threads", 1, "--n-ctx", 512, "--draft-max", 3, "--temperature", 0.8,
+                  "--max-tokens", 24) as make:
+        yield make
 
 
 @pytest.fixture(scope="module")
@@ -371,23 +361,15 @@ class InProcessServer:
         config = ServeConfig(model, Defaults(SamplingParams(temperature=0.0), 8),
                              draft_max=0, drafters=("lookup",), n_ctx=decoder.n_ctx)
         app = create_app(self.worker, config, decoder.target, self.log.append)
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        sock = listen("127.0.0.1", 0)
-        self.url = url_of(sock)
         self.worker.start()
-        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.uvicorn.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self.http = AppOnThread(app)
+        self.url = self.http.url
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
 
     def stop(self) -> None:
-        self.uvicorn.should_exit = True
-        self.thread.join(30)
+        self.http.stop()
         self.worker.close()
 
 

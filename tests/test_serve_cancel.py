@@ -22,22 +22,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from servers import ServerProcess
+from servers import AppOnThread, ServerProcess
 from tinymodels import write_tiny_model
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.engine.llama import Model, Vocabulary
 from specllama.engine.llama.batched import Batcher, ComputeLost, SeqView
 from specllama.engine.loop.events import PromptProgress
-from specllama.server import Defaults, ServeConfig, listen
+from specllama.server import Defaults, ServeConfig
 from specllama.server.app import create_app
 from specllama.server.isolation import EngineProcess
 from specllama.server.jobs import Engine, Order
 from specllama.server.pipe import Cancel
 from specllama.server.promptcache import PromptCache
 from specllama.server.prompts import Work
-from specllama.server.runner import url_of
 from specllama.server.slots import Slots
 from specllama.server.worker import Worker
 
@@ -378,18 +376,12 @@ class InProcessServer:
         config = ServeConfig(self.model, Defaults(GREEDY, 8), draft_max=3,
                              drafters=("lookup",), n_ctx=4096, parallel=parallel)
         app = create_app(self.worker, config, vocab, self.log.append)
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        sock = listen("127.0.0.1", 0)
-        self.url = url_of(sock)
         self.worker.start()
-        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.uvicorn.started, 30)
+        self.http = AppOnThread(app)
+        self.url = self.http.url
 
     def stop(self) -> None:
-        self.uvicorn.should_exit = True
-        self.thread.join(30)
+        self.http.stop()
         self.worker.close()
 
 

@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 from click.testing import CliRunner
-from servers import ServerProcess
+from servers import ServerProcess, starting
 
 from specllama.cli import cli
 
@@ -19,18 +19,9 @@ ALLOWED = "http://app.example:3000"
 
 @pytest.fixture(scope="module")
 def start(tiny_target, tiny_draft, tmp_path_factory):
-    servers: list[ServerProcess] = []
-
-    def make(*extra) -> ServerProcess:
-        args = ["--target", tiny_target, "--draft", tiny_draft, "--threads", 1, "--n-ctx", 256,
-                "--draft-max", 2, "--max-tokens", 4, *extra]
-        server = ServerProcess(args, tmp_path_factory.mktemp("guard"))
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.kill()
+    with starting(tmp_path_factory, "guard", "--target", tiny_target, "--draft", tiny_draft,
+                  "--threads", 1, "--n-ctx", 256, "--draft-max", 2, "--max-tokens", 4) as make:
+        yield make
 
 
 @pytest.fixture(scope="module")
