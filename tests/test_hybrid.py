@@ -214,6 +214,31 @@ def test_greedy_speculation_equals_the_target_alone(dec, family):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_hybrid_draft_drafting_ahead_on_its_own_thread_is_exact(dec):
+    """--draft-threads: the draft draws ahead while the target verifies, and is cut back
+    (by snapshot or copy) when the target disagrees: greedy text as the target alone's,
+    and both caches where they say they are after a run at T = 0.8."""
+    dec.set_threads(2, 1)
+    try:
+        drawn = 0
+        for prompt in ("the cat sat on the", TEXT):
+            alone = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=0).tokens
+            ahead = dec.generate(prompt, max_tokens=40, sampling=GREEDY, draft_max=3,
+                                 drafters=("model",))
+            assert ahead.tokens == alone
+            drawn += ahead.stats.ahead
+        assert drawn > 0
+        res = dec.generate(TEXT, max_tokens=32, sampling=SamplingParams(0.8, seed=5),
+                           draft_max=3, drafters=("model",))
+        text = dec.tokenize(TEXT) + res.tokens
+        for model in (dec.target, dec.draft):  # llama.cpp's cache where `cached` says
+            assert model.cached == text[:len(model.cached)]
+            assert model.pos_max() + 1 == len(model.cached)
+    finally:
+        dec.set_threads(1, 0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_invariant_holds_after_every_round(dec):
     history = dec.tokenize(TEXT)
     stream = dec.stream(TEXT, max_tokens=40, sampling=SamplingParams(0.8, seed=3),

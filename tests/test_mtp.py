@@ -142,3 +142,27 @@ def test_the_stats_panel_names_the_mtp_drafts(mtp_target):
     rows = {line.split()[0]: line for line in result.stderr.splitlines() if line.strip()}
     assert "accepted (the target's own MTP layers)" in result.stderr
     assert "lookup" not in rows  # MTP drafts are not lookups
+
+
+def test_chat_with_an_engine_process_drafts_with_mtp_too(mtp_target):
+    """Chat's decoder in an engine process (a remote target's chat) knows the draft is
+    the target's MTP layers: `/set drafters mtp` is taken, and the drafts are MTP's."""
+    from specllama.cli.chat.remote import RemoteDecoder
+    from specllama.cli.options import RunOptions
+    from specllama.engine.drafting.chain import check_drafters, slot_of
+
+    remote = RemoteDecoder(RunOptions(target=str(mtp_target),
+                                      flags=(("threads", 1), ("n_ctx", 256))))
+    try:
+        assert slot_of(remote.draft) == "mtp"
+        assert check_drafters("mtp", slot_of(remote.draft)) == ("mtp",)
+        with pytest.raises(InvalidParameterError, match="name mtp instead"):
+            check_drafters("model", slot_of(remote.draft))
+        tokens = remote.target.tokenize("the cat sat on the", add_bos=True, special=True)
+        stream = remote.stream(tokens, max_tokens=16, sampling=GREEDY, draft_max=3,
+                               drafters=("mtp",))
+        list(stream)
+        stats = stream.result.stats
+        assert stats.origin_drafted.get("mtp", 0) > 0 and stats.accepted > 0
+    finally:
+        remote.close()

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ... import Event, GenerationResult, SpecLlamaError, SpeculativeDecoder, Stats
+from ...engine.drafting.chain import slot_of
 from ...engine.llama import Vocabulary
 from ...engine.llama.kvreport import CacheReport
 from ...policy.compare import Comparison
@@ -36,18 +37,21 @@ def target_is_remote(run: RunOptions) -> bool:
 
 def load_engine(run: RunOptions, first: bool) -> tuple[SpeculativeDecoder, Any, Any]:
     """In the engine process: load as `chat` does (costs measured on this, the decoding
-    thread); tell the settings and the draft's file."""
+    thread); tell the settings, the draft's file and what it drafts as (a draft model, or
+    the target's own MTP layers)."""
     decoder, settings = open_decoder(run, stderr_console(plain=not first))
     draft = str(decoder.draft.path) if decoder.draft is not None else None
-    return decoder, lambda: None, (settings, draft)
+    return decoder, lambda: None, (settings, draft, slot_of(decoder.draft))
 
 
 class RemoteModel(Vocabulary):
     """One model of the pair as chat sees it: its vocabulary here, its cache there."""
 
-    def __init__(self, path: str, name: str, owner: RemoteDecoder) -> None:
+    def __init__(self, path: str, name: str, owner: RemoteDecoder,
+                 drafts_as: str = "model") -> None:
         super().__init__(path)
         self._name, self._owner = name, owner
+        self.drafts_as = drafts_as  # as the engine's draft: "mtp" for the target's layers
 
     @property
     def tokens_evaluated(self) -> int:
@@ -65,7 +69,7 @@ class RemoteDecoder:
 
     def __init__(self, run: RunOptions) -> None:
         self._engine = EngineProcess(functools.partial(load_engine, run))
-        settings, draft = self._engine.start()
+        settings, draft, slot = self._engine.start()
         self.settings: RunSettings = settings
         self.n_ctx: int = settings.n_ctx
         self._p_min: float = settings.p_min
@@ -73,7 +77,7 @@ class RemoteDecoder:
         self.lost: EngineLost | None = None
         self._orders = 0
         self.target = RemoteModel(settings.target, "target", self)
-        self.draft = RemoteModel(draft, "draft", self) if draft else None
+        self.draft = RemoteModel(draft, "draft", self, slot) if draft else None
         self.drafter = self.draft  # in the engine process the draft is synced in target ids
 
     @property
