@@ -27,6 +27,7 @@ from .engine.loop.events import (
     TokensAccepted,
 )
 from .engine.loop.stats import Stats
+from .engine.loop.textstream import Repeat
 from .engine.sampling import SamplingParams
 from .errors import (
     ConfigError,
@@ -54,6 +55,7 @@ __all__ = [
     "DraftProposed",
     "Event",
     "Finished",
+    "Repeat",
     "GenerationResult",
     "GenerationStream",
     "IncompatiblePairError",

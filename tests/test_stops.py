@@ -125,3 +125,67 @@ def test_the_stop_cut_keeps_a_character_split_across_tokens_whole():
     pieces = {0: b"a", 1: "é".encode()[:1], 2: "é".encode()[1:], 3: b"STOP"}
     assert tokens_covering(pieces.__getitem__, [0, 1, 2, 3], 2) == 3
     assert tokens_covering(pieces.__getitem__, [0, 1, 2, 3], 3) == 4
+
+
+# ------------------------------------------------- a block written twice (Repeat)
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+OTHER = '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>'
+
+
+def released(text: str, cuts: tuple[int, ...], stops=()) -> tuple[str, str, bool]:
+    """`text` fed to a TextStream in the pieces `cuts` makes: what went out while it
+    streamed, what it holds in the end, and whether it stopped."""
+    from specllama import Repeat
+    from specllama.engine.loop.textstream import TextStream
+
+    stream = TextStream(lambda t: bytes([t]), [*stops, Repeat("<tool_call>\n",
+                                                              "\n</tool_call>")])
+    out, at = "", 0
+    for cut in (*cuts, len(text)):
+        out += stream.feed(list(text[at:cut].encode()))
+        at = cut
+    return out, out + stream.flush(), stream.stopped
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (CALL + "\n" + CALL + "\n" + CALL, CALL + "\n"),  # the second call ends it
+    (CALL + "\n" + OTHER + "\n" + CALL, CALL + "\n" + OTHER + "\n"),
+    (CALL + "\n" + OTHER, CALL + "\n" + OTHER),  # no repeat: all of it
+    ("text <tool_call>\nx\n</tool_call> and <tool_call>\nx", None),  # an open one is no cut
+])
+def test_a_call_made_twice_ends_the_text_wherever_the_pieces_break(answer, expected):
+    whole = expected if expected is not None else answer
+    for i in range(len(answer) + 1):
+        for j in range(i, len(answer) + 1, 7):
+            out, end, stopped = released(answer, (i, j))
+            assert end == whole and stopped == (expected is not None and whole != answer)
+            # nothing that may still turn out a repeat went out before it was known
+            assert whole.startswith(out)
+
+
+def test_the_first_repeat_or_stop_string_ends_it():
+    text = CALL + "\nEND" + CALL
+    assert released(text, (), stops=("END",))[1] == CALL + "\n"
+    text = CALL + "\n" + CALL + "END"
+    assert released(text, (3, 60), stops=("END",))[1] == CALL + "\n"
+
+
+def test_a_repeat_rule_leaves_the_output_before_its_cut_as_it_was(dec):
+    """A stop rule cuts; it does not steer: with the same seed and draft length, the
+    output under the rule is the output without it, up to the cut."""
+    from specllama import Repeat
+
+    rule, fired = Repeat("o", " "), 0  # a word ending in "o" written twice: "do", "ho"...
+    for seed in range(4):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        free = dec.generate(PROMPT, max_tokens=60, sampling=sampling, draft_max=3,
+                            drafters=("model",))
+        cut = dec.generate(PROMPT, max_tokens=60, sampling=sampling, draft_max=3,
+                           drafters=("model",), stop=[rule])
+        assert free.text.startswith(cut.text)
+        assert free.tokens[:len(cut.tokens)] == cut.tokens
+        if cut.finish_reason == "stop":
+            fired += 1
+            assert len(cut.tokens) < len(free.tokens) and cut.stop_string is None
+    assert fired >= 2

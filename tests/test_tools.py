@@ -271,7 +271,7 @@ def test_a_template_with_tools_renders_them_itself(tiny_model_factory):
             *ASK, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "3"}]})
-        tokens, stop = chat_tokens(vocab, req)
+        tokens, stop, _ = chat_tokens(vocab, req)
         text = vocab.detokenize(tokens)
         assert stop == () and "# Tools\n<tools>" in text and '"name": "get_weather"' in text
         assert '{"name": "add", "arguments": {"a": 1, "b": 2}}' in text  # arguments as JSON
@@ -304,3 +304,58 @@ def test_smollm2_calls_validly_every_time(smollm2_path, tmp_path):
                 assert r.model_extra["speculative"]["forced"] > 0
     finally:
         server.kill()
+
+
+def test_calls_in_parallel_end_where_one_repeats(tiny_target):
+    """The stop rule rides on the request's stops when several calls may come; one call
+    (parallel_tool_calls false, a named function) needs none: the grammar ends it."""
+    from specllama import Repeat, SamplingParams
+    from specllama.engine.llama import Vocabulary
+    from specllama.server.prompts import Defaults, build_work
+
+    vocab = Vocabulary(str(tiny_target))
+    defaults = Defaults(SamplingParams(), 16)
+
+    def stops(**more):
+        req = ChatRequest(model="m", messages=ASK, tools=TOOLS, **more)
+        return [s for s in build_work(vocab, 4096, defaults, req).stop if isinstance(s, Repeat)]
+
+    assert stops(tool_choice="required") == [Repeat(OPEN, "\n</tool_call>")]
+    assert stops(tool_choice="auto", stop=["x"]) == [Repeat(OPEN, "\n</tool_call>")]
+    assert stops(tool_choice="required", parallel_tool_calls=False) == []
+    assert stops(tool_choice={"type": "function", "function": {"name": "add"}}) == []
+    assert stops(tool_choice="none") == []
+
+
+@pytest.mark.slow
+def test_the_default_pair_makes_each_call_once(smollm2_path, tmp_path):
+    """Greedy, SmolLM2 asked for the weather in parallel wrote the same two calls over
+    and over until max_tokens; the answer now ends where a call repeats."""
+    s = ServerProcess(["--pair", "smollm2", "--threads", 1, "--max-tokens", 200], tmp_path)
+    try:
+        r = s.client().chat.completions.create(
+            model=s.model, messages=ASK, tools=TOOLS, tool_choice="required",
+            temperature=0)
+        choice = r.choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert len(calls) == len(set(calls)) >= 1, calls
+        assert choice.finish_reason == "tool_calls" and r.usage.completion_tokens < 200
+        for call in choice.message.tool_calls:
+            valid(call)
+    finally:
+        s.kill()
+
+
+def test_a_call_cut_by_max_tokens_leaves_no_markup_in_the_text(server):
+    """Cut inside its first call, the answer has no call and no text: the call's opening
+    is not the answer's text (an agent would take it for its final output)."""
+    client = server.client()
+    kw = dict(model=server.model, messages=ASK, tools=TOOLS, tool_choice="required",
+              max_tokens=12, temperature=0)
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert not choice.message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "length"

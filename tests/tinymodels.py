@@ -37,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "CHATML",
+    "THINK_TOKENS",
     "DEFAULT_LOGIT_SCALE",
     "finish_with_vocab_a",
     "vocab_pieces",
@@ -58,7 +59,7 @@ CHATML = (
 DEFAULT_LOGIT_SCALE = 3.0
 
 # gguf TokenType values (gguf.TokenType), spelled out to keep this module import-light.
-_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
 
 _SPECIALS = [
     ("<unk>", _UNKNOWN),
@@ -253,6 +254,32 @@ def _weights(
     return w
 
 
+#: The reasoning markers ``write_tiny_model(think=...)`` appends, in this order.
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def _add_think(weights: dict[str, np.ndarray], *, seed: int, gain: float,
+               logit_scale: float) -> None:
+    """Rows for ``THINK_TOKENS`` and a pull towards ``</think>``: every token's embedding
+    gets the same component along one direction ``u`` (a constant in the residual stream,
+    which the final norm keeps pointing the same way whatever the context), and the
+    output row of ``</think>`` is ``gain * u``: its logit is high at every position, and
+    the model closes its reasoning within a few dozen tokens. Its own embedding points
+    the other way, so a close is seldom followed by another. ``<think>`` is an ordinary
+    random row (flatter, as control tokens': it is seldom written)."""
+    rng = np.random.default_rng(seed + 4099)
+    n_embd = weights["token_embd.weight"].shape[1]
+    u = rng.standard_normal(n_embd)
+    u /= np.linalg.norm(u)
+    shift = np.sqrt(n_embd) * u  # as long as a typical embedding row
+    embd = rng.standard_normal((2, n_embd))
+    embd[1] -= 2 * shift
+    weights["token_embd.weight"] = np.vstack([weights["token_embd.weight"], embd]) + shift
+    rows = rng.standard_normal((2, n_embd)) * 0.5 * logit_scale / np.sqrt(n_embd)
+    rows[1] = gain * u
+    weights["output.weight"] = np.vstack([weights["output.weight"], rows])
+
+
 def write_tiny_model(
     path: str | Path,
     *,
@@ -275,6 +302,7 @@ def write_tiny_model(
     eos: str = "</s>",
     add_bos: bool = True,
     add_eos: bool = False,
+    think: float = 0.0,
 ) -> Path:
     """Write a tiny random ``llama`` GGUF model to ``path`` and return the path.
 
@@ -293,6 +321,10 @@ def write_tiny_model(
     ``add_space_prefix=True`` (the SPM/Llama-1/2 default) makes llama.cpp prepend "▁" to
     the text it tokenizes, so detokenizing yields a leading space unless it is stripped
     (``Llama.detokenize`` strips it only when the first token is BOS).
+
+    ``think`` > 0 makes a reasoning model (see ``_add_think``): ``<think>`` and ``</think>``
+    appended as one user-defined token each, as Qwen3's are, and ``</think>`` drawn often
+    enough that the model closes its reasoning; the larger ``think``, the sooner.
     """
     import gguf  # test-only dependency
 
@@ -331,6 +363,13 @@ def write_tiny_model(
         weights["token_embd.weight"] = np.vstack([weights["token_embd.weight"], rows])
         rows = xrng.standard_normal((extra_tokens, n_embd)) * logit_scale / np.sqrt(n_embd)
         weights["output.weight"] = np.vstack([weights["output.weight"], rows])
+    if think > 0:
+        entries += [(t, -float(len(entries)), _USER_DEFINED) for t in THINK_TOKENS]
+        _add_think(weights, seed=seed, gain=think, logit_scale=logit_scale)
+    texts = [e[0] for e in entries]
+    scores = [e[1] for e in entries]
+    types = [e[2] for e in entries]
+    tok_id = {t: i for i, t in enumerate(texts)}
     if noise > 0:
         nrng = np.random.default_rng(noise_seed)
         for k, v in weights.items():

@@ -6,6 +6,7 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import click
 from click.core import ParameterSource
@@ -69,12 +70,18 @@ def _cache_mib(ctx: click.Context, param: click.Parameter, mib: int) -> int:
               callback=_cache_mib,
               help="Memory for copies of earlier requests' KV caches, so a prompt that "
                    "shares a long prefix with one of them is not evaluated again (0: off).")
+@click.option("--reasoning-format", type=click.Choice(["none", "auto"]), default="auto",
+              show_default=True,
+              help="Where a reasoning model's thinking goes: 'auto' splits it off the "
+                   "answer where the chat template marks it (<think>, gpt-oss channels) "
+                   "and constrains only the answer; 'none' leaves it in the answer text.")
 @run_options
 def serve(run: RunOptions, host: str, port: int, api_key: str | None,
           allowed_origins: tuple[str, ...], max_waiting: int, parallel: int,
-          cache_mib: int) -> None:
-    """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
-    /v1/completions, /v1/models, /health) until Ctrl-C."""
+          cache_mib: int, reasoning_format: Literal["none", "auto"]) -> None:
+    """Serve the pair over HTTP until Ctrl-C: OpenAI's Chat Completions, Completions and
+    Responses APIs, Anthropic's Messages API (/v1/chat/completions, /v1/completions,
+    /v1/responses, /v1/messages), /v1/models, /health and /metrics."""
     err = stderr_console()
     if not server.is_loopback(host) and not api_key:
         err.print(f"[yellow]warning:[/yellow] serving on {escape(host)} without "
@@ -101,7 +108,7 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None,
         config = server.ServeConfig(
             model_id=model_id,
             defaults=server.Defaults(settings.sampling, settings.max_tokens,
-                                     settings.constraint),
+                                     settings.constraint, reasoning_format),
             draft_max=settings.draft_max,
             drafters=settings.drafters,
             n_ctx=settings.n_ctx,

@@ -28,6 +28,7 @@ from .llama.mtp import MtpDraft, has_mtp
 from .loop.events import Event, GenerationResult
 from .loop.lengths import DraftMax, make_policy
 from .loop.rounds import Generation, GenerationStream
+from .loop.textstream import Stop
 from .sampling import SamplingParams
 from .settings import default, validate_setting
 
@@ -155,7 +156,7 @@ class SpeculativeDecoder:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         sampling: SamplingParams | None = None,
         draft_max: DraftMax = DEFAULT_DRAFT_MAX,
-        stop: Sequence[str] = (),
+        stop: Sequence[Stop] = (),
         keep_cache: bool = False,
         drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
@@ -181,7 +182,7 @@ class SpeculativeDecoder:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         sampling: SamplingParams | None = None,
         draft_max: DraftMax = DEFAULT_DRAFT_MAX,
-        stop: Sequence[str] = (),
+        stop: Sequence[Stop] = (),
         keep_cache: bool = False,
         drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
@@ -194,7 +195,9 @@ class SpeculativeDecoder:
 
         sampling: SamplingParams() when None. draft_max: a draft length (0 = the
         target alone), "auto" (cost-aware), "heuristic", or a policy object.
-        keep_cache=True reuses whatever prefix of `prompt` the caches already
+        stop: strings that end the text where they begin, and `Repeat` rules (a block
+        written twice ends it: loop/textstream.py). keep_cache=True reuses whatever
+        prefix of `prompt` the caches already
         hold (the chat REPL); otherwise every call starts clean. drafters: who drafts,
         in order ("lookup,model", a shorthand such as "hybrid", or () for nobody; see
         engine/drafting/chain.py); None means `self.default_drafters`. constraint: a JSON

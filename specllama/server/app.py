@@ -1,12 +1,12 @@
-"""The HTTP API: starlette routes answering in OpenAI's shapes, streams as server-sent
-events (sse-starlette), every failure as an OpenAI-shaped JSON error."""
+"""The HTTP API: starlette routes, one engine path for every API (apis/: OpenAI's Chat
+Completions, Completions and Responses, Anthropic's Messages), streams as server-sent
+events (sse-starlette), every failure as a JSON error in the asking API's shape."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -22,25 +22,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from .. import Event, Finished
+from .. import Event, Finished, GenerationResult
 from ..engine.llama import Vocabulary
+from .answer import Answer, read_whole
+from .apis.base import SSE, Body, Dialect, Reply, Writer
+from .apis.figures import figures
+from .apis.messages import MessagesDialect
+from .apis.openai import OpenAI
+from .apis.responses import ResponsesDialect
+from .apis.responses_store import ResponsesStore
+from .connection import Batches, cancel_when, disconnected, prepend, read_body
 from .guard import Guard
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
 from .metrics import exposition
 from .prompts import Defaults, Work, build_work
-from .responses import Chunks, completion, figures, new_id
-from .schema import APIError, ChatRequest, CompletionRequest, parse
+from .schema import APIError, ChatRequest, CompletionRequest
 from .worker import Job, QueueFull, ShuttingDown, Unavailable, Worker
 
-MAX_BODY = 4 * 2**20
 # Seconds a request in progress may take to finish once the server is told to stop.
 GRACE_S = 30
-# A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
-# its 413 instead of a connection reset halfway through sending.
-_DRAIN_LIMIT = 4 * MAX_BODY
 
-
-Batches = AsyncIterator[list[Event | Failure]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class ServeConfig:
         return self.parallel + self.max_waiting + 32
 
 
+_INTERNAL = APIError(500, "internal server error", type="server_error")
+
+
 def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -84,7 +88,7 @@ def _endpoint(
         except Exception as exc:
             self.log(f"internal error on {request.method} {request.url.path}: "
                      f"{type(exc).__name__}: {exc}")
-            return error_response(APIError(500, "internal server error", type="server_error"))
+            return error_response(_INTERNAL)
 
     return wrapper
 
@@ -97,6 +101,8 @@ class _API:
         self.vocab = vocab
         self.log = log
         self.created = int(time.time())
+        self.responses = ResponsesDialect(ResponsesStore())
+        self.messages = MessagesDialect()
 
     # ------------------------------------------------------------------ routes
     @_endpoint
@@ -138,13 +144,42 @@ class _API:
         self._check_model(request.path_params["model_id"])
         return JSONResponse(self._model_card())
 
-    @_endpoint
-    async def chat(self, request: Request) -> Response:
-        return await self._generate(request, ChatRequest)
+    def serving(self, dialect: Dialect[Any]) -> Callable[[Request], Awaitable[Response]]:
+        """The route of one API: its errors in its own shape, whatever failed."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await self._generate(request, dialect)
+            except APIError as exc:
+                return JSONResponse(dialect.error(exc), status_code=exc.status,
+                                    headers=exc.headers)
+            except Exception as exc:
+                self.log(f"internal error on {request.method} {request.url.path}: "
+                         f"{type(exc).__name__}: {exc}")
+                return JSONResponse(dialect.error(_INTERNAL), status_code=500)
+
+        return endpoint
 
     @_endpoint
-    async def completions(self, request: Request) -> Response:
-        return await self._generate(request, CompletionRequest)
+    async def stored_response(self, request: Request) -> Response:
+        """GET or DELETE /v1/responses/{id}: a Response kept for previous_response_id."""
+        self._authorize(request)
+        rid = request.path_params["response_id"]
+        return JSONResponse(self.responses.retrieve(rid) if request.method == "GET"
+                            else self.responses.delete(rid))
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's count_tokens: the tokens of the prompt, templates and tools in."""
+        messages = self.messages
+        try:
+            self._authorize(request)
+            req = messages.counting(await read_body(request))
+            self._check_model(req.model)
+            work = await run_in_threadpool(build_work, self.vocab, self.config.n_ctx,
+                                           self.config.defaults, req)
+        except APIError as exc:
+            return JSONResponse(messages.error(exc), status_code=exc.status,
+                                headers=exc.headers)
+        return JSONResponse({"input_tokens": len(work.tokens)})
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -175,14 +210,15 @@ class _API:
         key = self.config.api_key
         if key is None:
             return
+        # OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`.
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), key.encode()
-        ):
+        sent = token.strip() if scheme.lower() == "bearer" else \
+            request.headers.get("x-api-key", "")
+        if not sent or not hmac.compare_digest(sent.encode(), key.encode()):
             raise APIError(
                 401,
                 "missing or wrong API key: send the header 'Authorization: Bearer KEY' "
-                "with the key the server was started with (--api-key)",
+                "(or 'x-api-key: KEY') with the key the server was started with (--api-key)",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -197,16 +233,18 @@ class _API:
                 code="model_not_found",
             )
 
-    async def _generate(self, request: Request, kind: type[Any]) -> Response:
+    async def _generate(self, request: Request, dialect: Dialect[Any]) -> Response:
         self._authorize(request)
-        req = parse(await _read_body(request), kind)
+        parsed = dialect.parse(await read_body(request))
+        req = dialect.chat(parsed)
         self._check_model(req.model)
         work = await run_in_threadpool(
             build_work, self.vocab, self.config.n_ctx, self.config.defaults, req
         )
-        rid = new_id(work.kind)
+        rid = dialect.new_id(work)
+        stream = dialect.stream(parsed)
         try:
-            job = self.worker.submit(work, f"{request.url.path} {rid}", req.stream)
+            job = self.worker.submit(work, f"{request.url.path} {rid}", stream)
         except QueueFull as exc:
             raise APIError(
                 503,
@@ -219,7 +257,8 @@ class _API:
             raise _api_error(SHUTTING_DOWN) from None
         except Unavailable as exc:
             raise _api_error(exc.failure) from None
-        if req.stream:
+        reply = Reply(work, rid, self.config.model_id, self.vocab.piece, int(time.time()))
+        if stream:
             # The 200 goes out once the job runs: one that never does (the engine lost
             # while it waited, the server stopping) gets its 503 as a status.
             batches = job.batches()
@@ -227,22 +266,24 @@ class _API:
             # On shutdown sse-starlette sets `stopping` and waits for the stream to end.
             stopping = anyio.Event()
             return EventSourceResponse(
-                self._stream(job, work, rid, req.include_usage, stopping,
-                             _prepend(first, batches)),
+                self._stream(job, work, dialect.writer(parsed, reply), stopping,
+                             prepend(first, batches)),
                 sep="\n",
                 shutdown_event=stopping,
                 shutdown_grace_period=GRACE_S,
             )
-        return JSONResponse(await self._complete(job, work, rid, request))
+        result = await self._complete(job, work, request)
+        return JSONResponse(dialect.complete(parsed, reply, read_whole(work, result), result,
+                                             self._figures(job, result)))
 
-    def _figures(self, job: Job, result: Any) -> dict[str, Any]:
+    def _figures(self, job: Job, result: GenerationResult) -> Body:
         w = self.worker
         return figures(result, draft_max=w.draft_max, drafters=w.drafters,
                        queue_s=job.queue_s)
 
-    async def _complete(self, job: Job, work: Work, rid: str, request: Request) -> dict[str, Any]:
+    async def _complete(self, job: Job, work: Work, request: Request) -> GenerationResult:
         # A client that hangs up while waiting or generating cancels its job.
-        watcher = asyncio.create_task(_disconnected(request))
+        watcher = asyncio.create_task(disconnected(request))
         watcher.add_done_callback(lambda _: job.cancel())
         result = None
         try:
@@ -259,8 +300,7 @@ class _API:
         unmet = _unmet(result, self.config.n_ctx, work)
         if unmet is not None:
             raise unmet
-        return completion(work, rid, self.config.model_id, result, self._figures(job, result),
-                          self.vocab.piece)
+        return result
 
     @staticmethod
     async def _first_batch(job: Job, batches: Batches,
@@ -271,7 +311,7 @@ class _API:
             if not task.cancelled():
                 job.cancel()
 
-        watcher = asyncio.create_task(_disconnected(request))
+        watcher = asyncio.create_task(disconnected(request))
         watcher.add_done_callback(hung_up)
         try:
             first: list[Event | Failure] = await anext(batches, [])
@@ -281,37 +321,39 @@ class _API:
             raise _api_error(first[0])
         return first
 
-    async def _stream(
-        self, job: Job, work: Work, rid: str, include_usage: bool, stopping: anyio.Event,
-        batches: Batches,
-    ) -> AsyncIterator[dict[str, str]]:
+    async def _stream(self, job: Job, work: Work, writer: Writer, stopping: anyio.Event,
+                      batches: Batches) -> AsyncIterator[SSE]:
         """The server stopping cuts the generation at the next round; the stream still
-        ends properly (a last chunk with the figures, then [DONE])."""
-        chunks = Chunks(work, rid, self.config.model_id, include_usage)
-        stopper = asyncio.create_task(_cancel_when(stopping, job))
+        ends properly (the API's last events, with the figures)."""
+        answer, ended = Answer(work), False
+        stopper = asyncio.create_task(cancel_when(stopping, job))
         try:
-            first = chunks.start()
-            if first is not None:
-                yield _sse(first)
+            for event in writer.start():
+                yield event
             async for batch in batches:
-                # Text that arrived together goes out as one chunk.
+                # Text that arrived together goes out together.
                 text = "".join(i.text for i in batch if isinstance(i, TEXT_EVENTS))
-                chunk = chunks.text(text) if text else None
-                if chunk is not None:
-                    yield _sse(chunk)
+                for event in writer.pieces(answer.feed(text)):
+                    yield event
                 end = batch[-1]
                 if isinstance(end, Failure):  # after the 200: an error event, then the end
-                    yield _sse(_api_error(end).body())
-                    break
+                    for event in writer.error(_api_error(end)):
+                        yield event
+                    return
                 if isinstance(end, Finished):
                     unmet = _unmet(end.result, self.config.n_ctx, work)
                     if unmet is not None:
-                        yield _sse(unmet.body())
-                        break
-                    for chunk in chunks.end(end.result, self._figures(job, end.result),
-                                            self.vocab.piece):
-                        yield _sse(chunk)
-            yield {"data": "[DONE]"}
+                        for event in writer.error(unmet):
+                            yield event
+                        return
+                    tail, whole = answer.end(end.result)
+                    for event in writer.end(tail, whole, end.result,
+                                            self._figures(job, end.result)):
+                        yield event
+                    ended = True  # the job hands nothing more: its batches end
+            if not ended:
+                for event in writer.error(_api_error(SHUTTING_DOWN)):
+                    yield event
         finally:
             # The client went away (sse-starlette cancels this generator) or the
             # stream ended: either way the job must not run on.
@@ -327,8 +369,12 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
         Route("/metrics", api.metrics),
         Route("/v1/models", api.models),
         Route("/v1/models/{model_id:path}", api.model),
-        Route("/v1/chat/completions", api.chat, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.serving(OpenAI(ChatRequest)), methods=["POST"]),
+        Route("/v1/completions", api.serving(OpenAI(CompletionRequest)), methods=["POST"]),
+        Route("/v1/responses", api.serving(api.responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/messages", api.serving(api.messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
     ]
     # The browser boundary (Host, Origin, Content-Type) before any route's work.
     guard = Middleware(Guard, bound_host=config.host, allowed_origins=config.allowed_origins)
@@ -336,48 +382,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
                      exception_handlers={HTTPException: api.not_found})
 
 
-async def _read_body(request: Request) -> bytes:
-    too_large = APIError(
-        413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large"
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _DRAIN_LIMIT:
-        raise too_large
-    size, parts = 0, []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= MAX_BODY:
-            parts.append(chunk)
-        elif size > _DRAIN_LIMIT:
-            break
-    if size > MAX_BODY:
-        raise too_large
-    return b"".join(parts)
-
-
-async def _cancel_when(event: anyio.Event, job: Job) -> None:
-    await event.wait()
-    job.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client hangs up (the body has been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _prepend(first: list[Event | Failure], rest: Batches) -> Batches:
-    if first:
-        yield first
-    async for batch in rest:
-        yield batch
-
-
-def _sse(body: dict[str, Any]) -> dict[str, str]:
-    return {"data": json.dumps(body, ensure_ascii=False)}
-
-
-def _unmet(result: Any, n_ctx: int, work: Work) -> APIError | None:
+def _unmet(result: GenerationResult, n_ctx: int, work: Work) -> APIError | None:
     """A response_format (or the tools' call format) the context window had no room to
     complete: the client's 400, not a truncated document that looks like an answer."""
     if result.finish_reason != "context" or result.constraint_met is not False:

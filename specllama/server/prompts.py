@@ -13,11 +13,28 @@ from .. import (
     ConstraintError,
     ConstraintSpec,
     InvalidParameterError,
+    Repeat,
     SamplingParams,
 )
 from ..engine.llama import Vocabulary
+from .reasoning import (
+    Format,
+    Markers,
+    constrain_answer,
+    markers,
+    thinking_off,
+    variables,
+    with_tokens,
+)
 from .schema import APIError, ChatRequest, CompletionRequest, ResponseFormat
-from .tools import ToolUse, generic_messages, native_messages, template_has_tools, tool_use
+from .tools import (
+    REPEATED_CALL,
+    ToolUse,
+    generic_messages,
+    native_messages,
+    template_has_tools,
+    tool_use,
+)
 
 # Used when the target has no chat template, as `specllama chat` does.
 PLAIN_STOP = ("\nUser:",)
@@ -31,6 +48,9 @@ class Defaults:
     max_tokens: int
     # `serve --json-schema/--grammar/--regex`: for requests without a response_format
     constraint: ConstraintSpec | None = None
+    # `serve --reasoning-format`: "auto" splits the reasoning off where the template marks
+    # it (reasoning.py), "none" leaves it in the answer text
+    reasoning_format: Format = "auto"
 
 
 @dataclass(frozen=True)
@@ -39,13 +59,14 @@ class Work:
     tokens: list[int]
     max_tokens: int
     sampling: SamplingParams
-    stop: tuple[str, ...]
+    stop: tuple[str | Repeat, ...]
     constraint: ConstraintSpec | None = None
     logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
     # A chat's (role, content) turns: a draft of another family renders them in its own
     # chat template, in the engine process (which has its vocabulary).
     turns: tuple[tuple[str, str], ...] = ()
     tools: ToolUse | None = None  # the answer may be tool calls
+    reasoning: Markers | None = None  # the template's reasoning markers, when split out
 
 
 def build_work(
@@ -54,11 +75,12 @@ def build_work(
     """`vocab`: the target's tokenizer (the engine runs elsewhere: isolation.py)."""
     turns: tuple[tuple[str, str], ...] = ()
     use, spec = None, None
+    found: Markers | None = None  # a completion's prompt is the client's: not split
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
         _one_constraint(req)
         use, spec = tool_use(req)
-        tokens, extra_stop = chat_tokens(vocab, req)
+        tokens, extra_stop, found = chat_tokens(vocab, req, defaults.reasoning_format)
         param = "messages"
         if not extra_stop and not _has_tools(req):  # rendered by the target's template
             turns = tuple((t["role"], t["content"]) for t in _turns(req))
@@ -97,8 +119,29 @@ def build_work(
         raise APIError(400, str(exc)) from None
     if spec is None:
         spec = constraint(req.response_format, defaults.constraint)
-    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop, spec,
-                req.n_logprobs, turns, use)
+    if spec is not None and found is not None:
+        spec = _after_reasoning(spec, found, req, use is not None)
+    # Several calls in one answer: a call made a second time ends the answer (tools.py).
+    repeat = (REPEATED_CALL,) if use is not None and use.parallel else ()
+    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop + repeat, spec,
+                req.n_logprobs, turns, use, found)
+
+
+def _after_reasoning(spec: ConstraintSpec, found: Markers, req: ChatRequest | CompletionRequest,
+                     tools: bool) -> ConstraintSpec:
+    """The constraint on the answer only, the reasoning before it free; compiled now,
+    as `constraint` compiles the request's own."""
+    param = "tools" if tools else "response_format"
+    try:
+        wrapped = constrain_answer(spec, found)
+        wrapped.grammar()
+    except ConstraintError as exc:
+        whose = param if tools or req.response_format is not None else \
+            "the server's --json-schema/--grammar/--regex"
+        raise APIError(400, f"{whose} cannot follow this model's reasoning ({exc}); "
+                       "restart the server with --reasoning-format none to constrain the "
+                       "whole output", param=param) from None
+    return wrapped
 
 
 def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
@@ -141,28 +184,32 @@ def _tokenize(vocab: Vocabulary, text: str) -> list[int]:
     return vocab.tokenize(text, add_bos=vocab.adds_bos, special=True)
 
 
-def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[str, ...]]:
-    """The conversation in the target's chat template (as `specllama chat` renders it);
-    a plain 'User: / Assistant:' format when the target has none."""
+def chat_tokens(target: Vocabulary, req: ChatRequest, fmt: Format = "auto") -> tuple[
+        list[int], tuple[str, ...], Markers | None]:
+    """The conversation in the target's chat template (as `specllama chat` renders it),
+    and the markers of the reasoning its answer begins with (reasoning.py); a plain
+    'User: / Assistant:' format when the target has none."""
     tools = req.tools  # under "none" too: the model knows them; its answer is read as text
     template = target.chat_template()
+    extra = variables(req.reasoning_effort)
     if template_has_tools(template) and _has_tools(req):
         messages = native_messages(req.messages)  # its 400s name the message, not the template
         try:
             rendered = target.format_chat(
                 messages,
-                tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None)
+                tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
+                **extra)
         except Exception as exc:
             raise APIError(400, "the model's chat template refused these messages: "
                            f"{_one_line(exc)}", param="messages") from None
-        return target.tokenize_chat(rendered), ()
+        return _reasoned(target, template, rendered, req, fmt)
     turns = generic_messages(req.messages, tools)
     if template is None:
-        return _tokenize(target, _plain(turns)), PLAIN_STOP
+        return _tokenize(target, _plain(turns)), PLAIN_STOP, None
     try:
-        rendered = target.format_chat(turns)
+        rendered = target.format_chat(turns, **extra)
     except Exception as exc:  # a template can fail in any jinja2 way
-        folded = _render_folded(target, turns)
+        folded = _render_folded(target, turns, extra)
         if folded is None:
             raise APIError(
                 400,
@@ -170,7 +217,17 @@ def chat_tokens(target: Vocabulary, req: ChatRequest) -> tuple[list[int], tuple[
                 param="messages",
             ) from None
         rendered = folded
-    return target.tokenize_chat(rendered), ()
+    return _reasoned(target, template, rendered, req, fmt)
+
+
+def _reasoned(target: Vocabulary, template: str | None, rendered: str, req: ChatRequest,
+              fmt: Format) -> tuple[list[int], tuple[str, ...], Markers | None]:
+    """The rendered prompt's tokens (its reasoning closed where thinking is off and the
+    template cannot say so) and the markers of the reasoning the answer begins with."""
+    if req.reasoning_effort == "none":
+        rendered = thinking_off(template, rendered)
+    found = markers(template, rendered, fmt)
+    return target.tokenize_chat(rendered), (), found and with_tokens(found, target)
 
 
 def _turns(req: ChatRequest) -> list[dict[str, str]]:
@@ -183,7 +240,8 @@ def _has_tools(req: ChatRequest) -> bool:
         m.tool_calls or m.role == "tool" for m in req.messages)
 
 
-def _render_folded(target: Any, turns: list[dict[str, Any]]) -> str | None:
+def _render_folded(target: Any, turns: list[dict[str, Any]],
+                   extra: dict[str, Any]) -> str | None:
     """Templates that refuse the system role (Gemma's, Mistral's) get it prepended to
     the first user message instead; None when that does not help either."""
     system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
@@ -195,7 +253,7 @@ def _render_folded(target: Any, turns: list[dict[str, Any]]) -> str | None:
             rest[i] = {**turn, "content": f"{system}\n\n{turn['content']}"}
             break
     try:
-        return target.format_chat(rest)
+        return target.format_chat(rest, **extra)
     except Exception:
         return None
 

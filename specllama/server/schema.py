@@ -197,6 +197,8 @@ class ChatRequest(_Request):
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's reasoning effort; "none" turns thinking off where the template can (reasoning.py)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     limits: ClassVar[dict[str, int]] = {**_Request.limits, "messages": MAX_MESSAGES,
                                         "tools": MAX_TOOLS}
 

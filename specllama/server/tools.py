@@ -12,7 +12,7 @@ section renders the tools and the conversation's calls itself; any other gets th
 in a system message that describes this format (GENERIC_INTRO). The grammar then admits
 only calls whose name is a tool's and whose arguments follow its `parameters`:
 `required` and a named function admit nothing else, `auto` admits text that does not
-begin with '<' as well.
+begin with '<' (after any whitespace) as well.
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..engine.constraint import JSON_OPTIONS, ConstraintSpec
+from ..engine.loop.textstream import Repeat
 from ..errors import ConstraintError
 from .schema import APIError, ChatRequest, Message, Tool
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+# No client wants the same call twice in one turn, and a small model asked for calls in
+# parallel may repeat one until max_tokens: the answer ends where a call repeats one
+# it already made (a stop rule: the output is cut, the law before the cut unchanged).
+REPEATED_CALL = Repeat(OPEN, CLOSE)
 
 GENERIC_INTRO = (
     "You can call these functions; each line is one, with a JSON schema of its arguments:\n"
@@ -106,7 +111,9 @@ def grammar(tools: list[Tool], use: ToolUse) -> str:
         f"body: %json {json.dumps(schema)}",
     ]
     if use.choice == "auto":
-        lines.append("TEXT: /[^<](?s:.*)/")
+        # Text may not open with '<' after whitespace either: the reasoning split strips
+        # that whitespace, and the rest would read as a call the grammar never checked.
+        lines.append("TEXT: /\\s*[^<\\s](?s:.*)/")
     return "\n".join(lines) + "\n"
 
 

@@ -134,10 +134,11 @@ class Vocabulary:
         return raw.decode("utf-8", errors="replace") if raw else None
 
     def format_chat(self, messages: list[dict[str, Any]], template: str | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None, **variables: Any) -> str:
         """Render messages with the model's own jinja2 chat template (or `template`),
         ending with the assistant's generation prompt; `tools` (OpenAI's shape) for a
-        template with a tools section."""
+        template with a tools section; `variables` for the template to read (Qwen3's
+        `enable_thinking`), as llama-server's chat_template_kwargs."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = template or self.chat_template()
@@ -154,7 +155,7 @@ class Vocabulary:
             )
         chat: Any = messages  # the role/content dicts the formatter's TypedDicts describe
         described: Any = tools
-        return formatter(messages=chat, tools=described).prompt
+        return formatter(messages=chat, tools=described, **variables).prompt
 
     def prompt(self, text: str, *, chat: bool = True, system: str | None = None) -> list[int]:
         """`text` as this model should see it: the user's message in its chat template

@@ -36,6 +36,7 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when asked for
     # Under a constraint: whether the output is complete by it (None: no constraint).
     constraint_met: bool | None = None
+    stop_string: str | None = None  # the stop string that ended the text (reason "stop")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from .events import (
 from .lengths import DraftLengthPolicy
 from .rows import Rows, tokens_covering
 from .stats import Stats
-from .textstream import TextStream
+from .textstream import Stop, TextStream
 
 
 class GenerationStream(Iterator[Event]):
@@ -94,7 +94,7 @@ class Generation:
         max_tokens: int,
         params: SamplingParams,
         policy: DraftLengthPolicy,
-        stop: Sequence[str],
+        stop: Sequence[Stop],
         keep_cache: bool,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
@@ -304,7 +304,8 @@ class Generation:
         return GenerationResult(
             self.generated, self.text.text, finish, self.stats, self.n_prompt,
             None if self.logprobs is None else tuple(self.token_logprobs),
-            None if self.constraint is None else self.constraint.complete)
+            None if self.constraint is None else self.constraint.complete,
+            self.text.matched if finish == "stop" else None)
 
     def _clock(self) -> Clock:
         return Clock(self.target.decode_s, self.chain.decode_s, time.perf_counter())

@@ -9,16 +9,34 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A stop rule: the text ends where a block (`opening` … `closing`) begins that
+    repeats, character for character, one already written (a tool call made twice in one
+    turn). Like a stop string, it cuts the output and leaves the law before the cut."""
+
+    opening: str
+    closing: str
+
+
+Stop = str | Repeat
 
 
 class TextStream:
-    def __init__(self, piece: Callable[[int], bytes], stops: Sequence[str] = ()) -> None:
+    def __init__(self, piece: Callable[[int], bytes], stops: Sequence[Stop] = ()) -> None:
         self._piece = piece
-        self._stops = [s for s in stops if s]
+        self._stops = [s for s in stops if isinstance(s, str) and s]
+        self._repeat = next((s for s in stops if isinstance(s, Repeat)), None)
+        self._blocks: set[str] = set()  # the blocks written so far
+        self._scan = 0  # where in the text the next block may open
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held = ""  # decoded text that might be the start of a stop string
         self.text = ""  # everything released so far
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Add tokens; return the newly releasable text."""
@@ -37,18 +55,23 @@ class TextStream:
         return rest
 
     def _release(self, candidate: str) -> str:
-        if not self._stops:
+        if not self._stops and self._repeat is None:
             self._held = ""
             self.text += candidate
             return candidate
-        cut = min((i for i in (candidate.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found: list[tuple[int, str | None]] = [
+            (i, s) for s in self._stops if (i := candidate.find(s)) >= 0]
+        repeat, keep = self._repeated(candidate)
+        if repeat >= 0:
+            found.append((repeat, None))
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.stopped = True
             self._held = ""
             out = candidate[:cut]
             self.text += out
             return out
-        hold = 0
+        hold = len(candidate) - keep
         for stop in self._stops:
             for n in range(min(len(stop) - 1, len(candidate)), hold, -1):
                 if candidate.endswith(stop[:n]):
@@ -58,6 +81,29 @@ class TextStream:
         self._held = candidate[len(candidate) - hold :]
         self.text += out
         return out
+
+    def _repeated(self, candidate: str) -> tuple[int, int]:
+        """Where in `candidate` a block repeating an earlier one begins (-1: none), and
+        how much of it may go out now: not a block still open once one has been written
+        (it may turn out a repeat), nor what may be a block's opening."""
+        rule = self._repeat
+        if rule is None:
+            return -1, len(candidate)
+        base, text = len(self.text), self.text + candidate
+        while (i := text.find(rule.opening, self._scan)) >= 0:
+            j = text.find(rule.closing, i + len(rule.opening))
+            if j < 0:
+                return -1, max(0, i - base) if self._blocks else len(candidate)
+            block = text[i:j + len(rule.closing)]
+            if block in self._blocks:
+                return max(0, i - base), len(candidate)
+            self._blocks.add(block)
+            self._scan = j + len(rule.closing)
+        if self._blocks:
+            for n in range(min(len(rule.opening) - 1, len(candidate)), 0, -1):
+                if candidate.endswith(rule.opening[:n]):
+                    return -1, len(candidate) - n
+        return -1, len(candidate)
 
 
 class TokenTexts:

@@ -1,0 +1,1 @@
+"""The HTTP APIs the server speaks, each a `Dialect` (base.py) over one engine path."""

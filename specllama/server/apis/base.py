@@ -1,0 +1,86 @@
+"""What each HTTP API (Chat Completions, Responses, Messages) provides: its request
+read onto the one request type the engine serves (`ChatRequest`/`CompletionRequest`),
+and the answer's pieces (answer.py) written back in its own shapes.
+
+The routes (app.py) do the rest once for all: authorization, the model check, the
+queue, cancellation, the engine and its failures.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from ... import GenerationResult
+from ..answer import Piece, Whole
+from ..prompts import Work
+from ..schema import APIError, ChatRequest, CompletionRequest
+
+# One server-sent event as sse-starlette takes it: {"event": name (optional), "data": text}.
+SSE = dict[str, str]
+Body = dict[str, Any]  # a JSON body, as the API's clients read it
+
+R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's answer in the making: what every API's writer needs."""
+
+    work: Work
+    rid: str  # the answer's id, from Dialect.new_id
+    model: str  # the name clients send as `model`
+    piece: Callable[[int], bytes]  # a token's bytes (log-probabilities)
+    created: int  # Unix seconds
+
+
+class Writer(Protocol):
+    """A streamed answer, as events."""
+
+    def start(self) -> list[SSE]: ...
+
+    def pieces(self, pieces: list[Piece]) -> list[SSE]: ...
+
+    def end(self, tail: list[Piece], whole: Whole, result: GenerationResult,
+            extra: Body) -> list[SSE]:
+        """`tail`: the pieces held back until the end; `extra`: specllama's figures."""
+        ...
+
+    def error(self, exc: APIError) -> list[SSE]:
+        """An error after the 200 went out: its event(s), the stream's last."""
+        ...
+
+
+class Dialect(Protocol, Generic[R]):
+    """One HTTP API. `R` is its own parsed request (what it needs again to answer)."""
+
+    def parse(self, body: bytes) -> R:
+        """The body read and checked: APIError (in any API's terms) when it is wrong."""
+        ...
+
+    def chat(self, request: R) -> ChatRequest | CompletionRequest:
+        """The request as the engine serves it."""
+        ...
+
+    def stream(self, request: R) -> bool: ...
+
+    def new_id(self, work: Work) -> str: ...
+
+    def error(self, exc: APIError) -> Body:
+        """The body of an error answer (the status is exc.status)."""
+        ...
+
+    def complete(self, request: R, reply: Reply, whole: Whole, result: GenerationResult,
+                 extra: Body) -> Body:
+        """The answer of a request that does not stream."""
+        ...
+
+    def writer(self, request: R, reply: Reply) -> Writer: ...
+
+
+def dumps(body: Body) -> str:
+    """A JSON body for an event's data: UTF-8 text as it is, not escaped."""
+    return json.dumps(body, ensure_ascii=False)

@@ -1,0 +1,62 @@
+"""What one HTTP connection tells a route: its body (bounded), its client hanging up,
+and the job's batches as a stream reads them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import anyio
+from starlette.requests import Request
+
+from .. import Event
+from .jobs import Failure
+from .schema import APIError
+
+MAX_BODY = 4 * 2**20
+# A body over MAX_BODY is still read (and dropped) up to this size, so the client gets
+# its 413 instead of a connection reset halfway through sending.
+_DRAIN_LIMIT = 4 * MAX_BODY
+
+Batches = AsyncIterator[list[Event | Failure]]
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+async def read_body(request: Request) -> bytes:
+    too_large = APIError(
+        413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _DRAIN_LIMIT:
+        raise too_large
+    size, parts = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY:
+            parts.append(chunk)
+        elif size > _DRAIN_LIMIT:
+            break
+    if size > MAX_BODY:
+        raise too_large
+    return b"".join(parts)
+
+
+async def cancel_when(event: anyio.Event, job: Cancellable) -> None:
+    await event.wait()
+    job.cancel()
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def prepend(first: list[Event | Failure], rest: Batches) -> Batches:
+    if first:
+        yield first
+    async for batch in rest:
+        yield batch
