@@ -19,7 +19,8 @@ def test_every_command_and_subcommand_has_its_section():
     page = render()
     for path in ("specllama", "specllama generate", "specllama chat", "specllama bench",
                  "specllama serve", "specllama rpc-server", "specllama pairs",
-                 "specllama pairs list", "specllama pairs show", "specllama pairs check"):
+                 "specllama pairs list", "specllama pairs show", "specllama pairs check",
+                 "specllama pull"):
         assert f"## `{path}`\n" in page, path
     # the section is the command's own help, as a user sees it
     shown = CliRunner().invoke(cli, ["pairs", "check", "--help"], prog_name="specllama",

@@ -133,9 +133,11 @@ def load_error(excinfo) -> str:
 
 
 def target_error(pair) -> str:
-    """The one-line message resolving the pair's target fails with."""
+    """The one-line message resolving the pair's target fails with, as `specllama pull`
+    gets it: advising `hf download ...` (a run advises `specllama pull NAME` instead; see
+    test_a_run_offline_advises_specllama_pull)."""
     with pytest.raises(ModelLoadError) as info:
-        resolve_source(pair.target, pair=pair)
+        resolve_source(pair.target, pair=pair, advise_pull=False)
     return load_error(info)
 
 
@@ -472,14 +474,35 @@ def test_missing_file_gives_the_exact_command(tmp_path):
         f"hf://{QWEN_DRAFT}/{DRAFT_FILE}",
         name="qwen7b",
     )
-    with pytest.raises(ModelLoadError) as info:
-        resolve_pair(pair)
-    assert load_error(info) == (
+    assert target_error(pair) == (
         "target model of pair 'qwen7b': Qwen/Qwen2.5-7B-Instruct-GGUF/"
         "qwen2.5-7b-instruct-q4_k_m.gguf is not in the Hugging Face cache "
         "(~/.cache/huggingface/hub) and downloads are off (HF_HUB_OFFLINE=1); "
         f"run: {CLI} download Qwen/Qwen2.5-7B-Instruct-GGUF qwen2.5-7b-instruct-q4_k_m.gguf"
     )
+
+
+def test_a_run_offline_advises_specllama_pull(tmp_path, monkeypatch):
+    """A run names the one command that fetches both models of its pair, with --config
+    where a plain `specllama pull` would read another models.toml."""
+    pair = hf_pair(tmp_path, f"hf://{QWEN}/{SHARD1}", f"hf://{QWEN_DRAFT}/{DRAFT_FILE}",
+                   name="qwen7b")
+    with pytest.raises(ModelLoadError) as info:
+        resolve_pair(pair)
+    assert load_error(info) == (
+        f"target model of pair 'qwen7b': 2 files of {QWEN} ({SHARD1}, {SHARD2}) are not in "
+        "the Hugging Face cache (~/.cache/huggingface/hub) and downloads are off "
+        f"(HF_HUB_OFFLINE=1); run: specllama pull qwen7b --config {tmp_path}/models.toml"
+    )
+    monkeypatch.chdir(tmp_path)  # ./models.toml is the one found
+    with pytest.raises(ModelLoadError, match=r"; run: specllama pull qwen7b$"):
+        resolve_pair(pair)
+    builtin = load_config(packaged_config_path()).pair("llama8b")
+    with pytest.raises(ModelLoadError, match=r"; run: specllama pull llama8b$"):
+        resolve_pair(builtin)
+    in_code = Pair("mine", ModelSource.from_hf(QWEN_DRAFT, DRAFT_FILE), ModelSource.lookup())
+    with pytest.raises(ModelLoadError, match=f"; run: {CLI} download {QWEN_DRAFT} {DRAFT_FILE}$"):
+        resolve_pair(in_code)
 
 
 def test_missing_split_gguf_names_all_parts(tmp_path):
@@ -643,6 +666,7 @@ class FakeHub(types.ModuleType):
         super().__init__("huggingface_hub")
         self.remote = remote
         self.calls: list[tuple] = []
+        self.heads: list[tuple] = []
         self.error: BaseException | None = None
 
     def hf_hub_download(self, repo_id, filename, *, revision=None, cache_dir=None, **kwargs):
@@ -658,6 +682,21 @@ class FakeHub(types.ModuleType):
             Path(cache_dir), repo_id, {filename: files[filename]}, revision=revision or "main"
         )
         return str(snapshot / filename)
+
+    def hf_hub_url(self, repo_id, filename, *, revision=None, **kwargs):
+        return (repo_id, filename, revision)  # what get_hf_file_metadata is then asked
+
+    def get_hf_file_metadata(self, url, **kwargs):
+        """The HEAD request that tells an unreachable Hub before hf_hub_download would
+        retry it (recorded apart: `calls` are the downloads and listings)."""
+        repo_id, filename, revision = url
+        self.heads.append(url)
+        if self.error is not None:
+            raise self.error
+        if repo_id not in self.remote:
+            raise RepositoryNotFoundError(f"404 {repo_id}")
+        if filename not in self.remote[repo_id]:
+            raise RemoteEntryNotFoundError(f"404 {repo_id}/{filename}")
 
     def HfApi(self):  # noqa: N802 - the real name
         hub = self
@@ -1007,7 +1046,7 @@ def test_hf_sources_work_in_flags_as_in_the_file(tmp_path, hf_cache, tiny_target
     assert missing.stderr == (
         "specllama: error: target model: someone/tiny-GGUF/other.gguf is not in the Hugging "
         "Face cache (~/.cache/huggingface/hub) and downloads are off (HF_HUB_OFFLINE=1); "
-        f"run: {CLI} download someone/tiny-GGUF other.gguf\n")
+        "run: specllama pull hf://someone/tiny-GGUF/other.gguf\n")
     bad = run("--target", "hf://someone", "--draft", "lookup")
     assert bad.exit_code == 2
     assert bad.stderr.startswith('specllama: error: --target: must look like "hf://OWNER/REPO/')

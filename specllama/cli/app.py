@@ -15,6 +15,7 @@ from .bench import bench_command
 from .chat import chat_command
 from .generate import EXIT_INTERRUPTED, generate
 from .pairs import pairs
+from .pull import pull
 from .rpcserver import rpc_server
 from .serve import serve
 
@@ -53,7 +54,7 @@ def cli(debug: bool) -> None:
     """Exact speculative decoding for GGUF models on your CPU."""
 
 
-for command in (generate, pairs, chat_command, bench_command, serve, rpc_server):
+for command in (generate, pairs, pull, chat_command, bench_command, serve, rpc_server):
     cli.add_command(command)
 
 

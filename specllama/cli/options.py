@@ -8,6 +8,7 @@ table's default.
 from __future__ import annotations
 
 import functools
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -223,7 +224,8 @@ def _flag_model(value: str, role: str, progress: Callable[[str], None]) -> Path 
     if source.kind == "lookup":
         return None
     if source.kind == "hf":
-        return resolve_hf(source, what=f"{role} model", hint="", progress=progress)
+        return resolve_hf(source, what=f"{role} model", hint="", progress=progress,
+                          fetch=f"specllama pull {shlex.quote(source.hf_url)}")
     assert source.path is not None
     return check_gguf_file(source.path, what=f"{role} model")
 

@@ -6,7 +6,8 @@ with ``huggingface_hub.hf_hub_download`` (which draws its own progress bar on st
 A split GGUF (``NAME-00001-of-0000N.gguf``) resolves to its first part, with all parts
 fetched into the same snapshot directory (llama.cpp loads the rest from there). With
 ``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, a model that is not cached is
-a :class:`ModelLoadError` naming the exact ``hf download`` command.
+a :class:`ModelLoadError` naming the command that fetches it: the caller's (``fetch``:
+``specllama pull NAME``), else the exact ``hf download`` command.
 
 The cache is read directly (its layout, ``models--OWNER--REPO/refs/<rev>`` holding a
 commit hash and ``snapshots/<commit>/<file>``, is huggingface_hub's documented format),
@@ -225,8 +226,11 @@ def _not_cached(source: ModelSource, cached: HfCached, cache: Path) -> str:
     )
 
 
-def _fetch_advice(source: ModelSource, cached: HfCached) -> str:
-    """'run: hf download ...' (plus where to list a repo's files, for an unmatched glob)."""
+def _fetch_advice(source: ModelSource, cached: HfCached, fetch: str | None) -> str:
+    """'run: FETCH', else 'run: hf download ...' (plus where to list a repo's files, for an
+    unmatched glob)."""
+    if fetch is not None:
+        return f"run: {fetch}"
     if cached.needed is None:
         return (
             f"run: {_download_command(source, None)} (list the repo's files at {_tree_url(source)})"
@@ -263,6 +267,7 @@ def _hub_error(
     cached: HfCached,
     cache: Path,
     file: str | None,
+    fetch: str | None = None,
 ) -> ModelLoadError | None:
     """A one-line ModelLoadError for a huggingface_hub failure, or None to let it propagate."""
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -279,7 +284,7 @@ def _hub_error(
         return ModelLoadError(
             f"{what}: {_not_cached(source, cached, cache)} and downloads are off "
             f"(huggingface_hub was imported with HF_HUB_OFFLINE set); "
-            f"{_fetch_advice(source, cached)}"
+            f"{_fetch_advice(source, cached, fetch)}"
         )
     if "GatedRepoError" in names:
         return ModelLoadError(
@@ -296,7 +301,7 @@ def _hub_error(
     if names & _UNREACHABLE:
         return ModelLoadError(
             f"{what}: {_not_cached(source, cached, cache)} and the Hugging Face Hub "
-            f"({_hf_endpoint()}) could not be reached; {_fetch_advice(source, cached)}"
+            f"({_hf_endpoint()}) could not be reached; {_fetch_advice(source, cached, fetch)}"
         )
     if "EntryNotFoundError" in names:
         return ModelLoadError(
@@ -330,7 +335,26 @@ def _remote_match(hub: ModuleType, source: ModelSource, *, what: str, hint: str)
     return _pick(matches)
 
 
-def resolve_hf(source: ModelSource, *, what: str, hint: str, progress: Progress | None) -> Path:
+def _reach(hub: ModuleType, source: ModelSource, name: str) -> None:
+    """One HEAD request for ``name``, without retries. huggingface_hub retries an
+    unreachable Hub for ~25 s, a warning on stderr each time, before it gives up on a file
+    it has no copy of: this tells an offline machine (an unknown repo or file too) at once.
+    A glob names no file: any answer to it says the Hub is reachable."""
+    url = hub.hf_hub_url(source.repo, name, revision=source.revision)
+    try:
+        hub.get_hf_file_metadata(url)
+    except Exception as exc:
+        if source.is_glob and not {cls.__name__ for cls in type(exc).__mro__} & _UNREACHABLE:
+            return
+        raise
+
+
+def resolve_hf(
+    source: ModelSource, *, what: str, hint: str, progress: Progress | None,
+    fetch: str | None = None,
+) -> Path:
+    """The local file of ``source``: from the cache, else downloaded. ``fetch`` is the
+    command an offline error tells to run (None: ``hf download ...``)."""
     assert source.repo is not None and source.file is not None
     cache = hf_cache_dir()
     cached = hf_lookup(source, cache)
@@ -342,11 +366,12 @@ def resolve_hf(source: ModelSource, *, what: str, hint: str, progress: Progress 
     if offline is not None:
         raise ModelLoadError(
             f"{what}: {_not_cached(source, cached, cache)} and downloads are off "
-            f"({offline}); {_fetch_advice(source, cached)}"
+            f"({offline}); {_fetch_advice(source, cached, fetch)}"
         )
 
-    file: str | None = None
+    file: str | None = cached.missing[0] if cached.missing else None
     try:
+        _reach(hub, source, file or source.file)
         if cached.needed is None:
             if progress is not None:
                 progress(f'looking for "{source.file}" in {source.repo} on Hugging Face')
@@ -374,7 +399,8 @@ def resolve_hf(source: ModelSource, *, what: str, hint: str, progress: Progress 
         raise
     except Exception as exc:
         problem = _hub_error(
-            exc, what=what, hint=hint, source=source, cached=cached, cache=cache, file=file
+            exc, what=what, hint=hint, source=source, cached=cached, cache=cache, file=file,
+            fetch=fetch,
         )
         if problem is None:
             raise

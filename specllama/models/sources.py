@@ -17,15 +17,18 @@ What a pair's sources amount to without fetching anything is :mod:`.status`.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
 from ..engine.llama.gguf import GGUF_MAGIC, check_gguf_file
+from ..errors import ConfigError
 from ..paths import CACHE_ENV_VAR, cache_dir
 from .derive import derive, derive_first_layers, derived_path
 from .hf import hf_cache_dir, hf_cli, hf_offline, resolve_hf
 from .packages import find_package_file
 from .schema import ModelSource, Pair
+from .search import find_config, packaged_config_path
 from .synthetic import make_synthetic
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "hf_cache_dir",
     "hf_cli",
     "hf_offline",
+    "pull_command",
     "resolve_draft",
     "resolve_pair",
     "resolve_target",
@@ -63,6 +67,24 @@ def _fix_hint(source: ModelSource, pair: Pair, role: str | None = None) -> str:
     return f" (set by pairs.{pair.name}.{role or _role(source, pair)} in {pair.config_path})"
 
 
+def pull_command(pair: Pair) -> str | None:
+    """``specllama pull NAME`` (with ``--config FILE`` where a plain ``specllama pull``
+    would find another models.toml): what an offline error tells to run. None for a pair
+    built in code, which no command can name."""
+    path = pair.config_path
+    if path is None:
+        return None
+    words = ["specllama", "pull", pair.name]
+    if path.resolve() != packaged_config_path().resolve():
+        try:
+            found: Path | None = find_config().resolve()
+        except ConfigError:
+            found = None
+        if found != path.resolve():
+            words += ["--config", str(path)]
+    return shlex.join(words)
+
+
 # --------------------------------------------------------------------------- public
 
 
@@ -73,6 +95,7 @@ def resolve_source(
     n_threads: int | None = None,
     progress: Progress | None = None,
     role: str | None = None,
+    advise_pull: bool = True,
 ) -> Path:
     """A local, checked GGUF path for ``source`` (one of ``pair``'s sources), as written:
     a pair's ``target_quant`` / ``draft_quant`` is not applied here (see
@@ -82,10 +105,12 @@ def resolve_source(
     synthetic target); ``progress`` (a ``progress(message)`` callback) hears about
     deriving, making, assembling and downloading;
     ``role`` ("target" or "draft") names the source in messages when target and draft
-    are the same source. Raises :class:`ModelLoadError` for missing or invalid files and
-    packages and for Hugging Face models that cannot be had (offline, unknown repo or
-    file...), :class:`DraftDerivationError` when deriving fails, and ``ValueError`` for a
-    ``lookup`` source (it has no file).
+    are the same source; ``advise_pull`` False has an offline error advise ``hf download``
+    rather than ``specllama pull`` (for that command itself). Raises
+    :class:`ModelLoadError` for missing or invalid files and packages and for Hugging Face
+    models that cannot be had (offline, unknown repo or file...),
+    :class:`DraftDerivationError` when deriving fails, and ``ValueError`` for a ``lookup``
+    source (it has no file).
     """
     role = role or _role(source, pair)
     what = f"{role} model of pair {pair.name!r}"
@@ -101,7 +126,8 @@ def resolve_source(
         return check_gguf_file(found, what=what)
 
     if source.kind == "hf":
-        return resolve_hf(source, what=what, hint=hint, progress=progress)
+        fetch = pull_command(pair) if advise_pull else None
+        return resolve_hf(source, what=what, hint=hint, progress=progress, fetch=fetch)
 
     if source.kind == "synthetic":
         spec = source.synthetic
