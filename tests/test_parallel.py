@@ -88,7 +88,7 @@ def batches(monkeypatch) -> list[tuple[bool, int]]:
     fire = Batcher._fire
 
     def recording(self: Batcher, shares: list) -> None:
-        fired.append((shares[0].view.shared is self.base, len(shares)))
+        fired.append((shares[0].view.base is self.base, len(shares)))
         fire(self, shares)
 
     monkeypatch.setattr(Batcher, "_fire", recording)

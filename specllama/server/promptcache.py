@@ -68,7 +68,7 @@ def state_size(model: Model) -> int:
     # A view's context is shared: its cells change under the batcher's lock (batched.py).
     lock = model.batcher.lock if isinstance(model, SeqView) else contextlib.nullcontext()
     with lock:
-        return int(lc.llama_state_seq_get_size(model._ctx, model.seq))
+        return int(lc.llama_state_seq_get_size(model.shared.ctx, model.seq))
 
 
 def available_memory() -> int | None:

@@ -238,11 +238,11 @@ class Batcher:
         join the others waiting on the target). The longest waiting share decides the
         side of WIDE; those of the same side join it, narrow ones while they stay under
         WIDE together, and the rest wait for the next batch."""
-        model = next((s.view.shared for s in self._shares.values()
-                      if s.view.shared is not self.base), self.base)
-        mine = [s for s in self._shares.values() if s.view.shared is model]  # oldest first
+        model = next((s.view.base for s in self._shares.values()
+                      if s.view.base is not self.base), self.base)
+        mine = [s for s in self._shares.values() if s.view.base is model]  # oldest first
         wide = len(mine[0].tokens) >= WIDE
-        room = model.n_batch if wide else WIDE - 1
+        room = model.shared.n_batch if wide else WIDE - 1
         batch, n = [], 0
         for share in mine:
             k = len(share.tokens)
@@ -252,11 +252,11 @@ class Batcher:
         return batch
 
     def _fire(self, shares: list[_Share]) -> None:
-        base = shares[0].view.shared
+        base = shares[0].view.base
         n = 0
         try:
             with self.lock:
-                batch = base._batch
+                batch = base.shared.batch
                 for share in shares:
                     share.offset = n
                     share.view.fill(batch, n, share.tokens, share.start, share.logits)
@@ -286,26 +286,22 @@ class Batcher:
 class SeqView(Model):
     """Sequence `seq` of a model shared through the batcher (the target by default): a
     Model whose decodes join the next batch (a prompt in chunks of an equal share of
-    the batch, so the others keep streaming while it is read)."""
+    the batch, so the others keep streaming while it is read). It holds its own
+    sequence's state; the context is its model's `shared`, held by reference."""
 
-    def __init__(self, batcher: Batcher, seq: int, shared: Model | None = None) -> None:
-        base = shared or batcher.base  # no load: the shared model's handles
-        self.__dict__.update(base.__dict__)
-        self.seq = seq
-        spare = seq + base.n_seq if base.rewinder.spare >= 0 else -1
-        self.rewinder = base.rewinder.for_seq(seq, spare)
+    def __init__(self, batcher: Batcher, seq: int, model: Model | None = None) -> None:
+        """model: the one whose context this view shares (the batcher's base by default);
+        kept alive while the view is, as it frees the context."""
+        self.base = model or batcher.base  # no load: its context, held by reference
+        shared = self.base.shared
+        self._adopt(shared.model)
+        spare = seq + shared.n_seq if self.base.rewinder.spare >= 0 else -1
+        self._view(shared, seq, self.base.rewinder.for_seq(seq, spare))
         self.batcher = batcher
-        self.shared = base
         # A new prompt's pieces: an equal share of the batch, and wide enough to stay wide.
-        self.n_batch = min(base.n_batch, max(base.n_batch // base.n_seq, 2 * WIDE))
-        self.cached = []
-        self.decode_s = 0.0
-        self.tokens_evaluated = 0
-        self.decode_calls = 0
+        self.n_batch = min(shared.n_batch, max(shared.n_batch // shared.n_seq, 2 * WIDE))
         self._offset = 0
         self._rows = 0
-        self.others = 0  # as Model's
-        self.__dict__.pop("companions")  # (a property here, read live)
 
     def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None:
         if len(tokens) <= self.n_batch or logits == "all":  # as alone (Model.decode)
@@ -362,8 +358,7 @@ class SeqView(Model):
             super().restore(state)
 
     def set_threads(self, n_threads: int) -> None:
-        self.batcher.call(lambda: self.shared.set_threads(n_threads))
-        self.n_threads = self.shared.n_threads
+        self.batcher.call(lambda: self.base.set_threads(n_threads))
 
     def close(self) -> None:
         """The base (the owner of the context) is closed by whoever made the batcher."""

@@ -1,10 +1,10 @@
 """One GGUF model through llama.cpp's low-level API (llama-cpp-python's `_internals.py`
 in spirit).
 
-A `Model` is one GGUF file with its own context (KV cache) and a reusable batch.
-It tracks which tokens its KV cache holds (`cached`), decodes new tokens at the
-end of that sequence, hands out logits rows as zero-copy numpy views, and cuts
-the cache back.
+A `Model` is one GGUF file with its own context (KV cache) and a reusable batch (a
+`Context`: context.py, which its views share). It tracks which tokens its sequence of
+the KV cache holds (`cached`), decodes new tokens at the end of that sequence, hands
+out logits rows as zero-copy numpy views, and cuts the cache back.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ...errors import ContextOverflowError, DecodeError, KVCacheError, ModelLoad
 from . import backend
 from . import rpc as rpc_net
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
+from .context import Context
 from .gguf import check_gguf_file
 from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
 from .vocab import Vocabulary
@@ -60,6 +61,27 @@ class DraftModel(Protocol):
     def n_threads(self) -> int: ...
 
 
+class ModelView(DraftModel, Protocol):
+    """One sequence of a loaded model as the round loop and the drafters drive it: a
+    whole `Model` (sequence 0), a `SeqView` (sequence s of a context shared under
+    --parallel: batched.py) or an `MtpDraft` (the target's MTP layers: mtp.py). Each
+    holds its own sequence's state; what the views of a context share is `shared`."""
+
+    shared: Context
+    seq: int
+    rewinder: Rewinder
+    n_batch: int  # the most tokens one of its llama_decode calls takes
+    prompt_step: int  # the round loop's steps through a prompt
+    others: int  # tokens of other sequences in its last decode
+
+    @property
+    def companions(self) -> int: ...
+    @property
+    def placement(self) -> str: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+
+
 @dataclass(frozen=True)
 class KVState:
     """One model's KV cache as bytes, and the tokens it holds (position = index)."""
@@ -69,9 +91,11 @@ class KVState:
 
 
 class Model(Vocabulary):
-    """One GGUF model with its own KV cache, driven token by token."""
+    """One GGUF model with its own KV cache, driven token by token: sequence 0 of the
+    context it loads, which its views (a SeqView, an MtpDraft) share by reference."""
 
     drafts_as = "model"
+    companions = 0  # other requests in progress (a SeqView's: batched.py)
 
     def __init__(
         self,
@@ -89,44 +113,40 @@ class Model(Vocabulary):
         each up to n_ctx tokens (`serve --parallel`: batched.py); this object drives
         sequence 0. snapshots: per-token recurrent states llama.cpp keeps (rewind.py;
         0 forces checkpoint copies, for the ablation in bench/hybrid.py)."""
-        self._snapshots = snapshots
         backend.init()
-        self.path = Path(path)
-        # llama.cpp handles (ctypes objects); None once freed
-        self._model = None
-        self._ctx: Any = None
-        self._batch: Any = None
-        check_gguf_file(self.path, what="model")
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-
-        self.rpc = tuple(rpc_net.check_endpoint(e) for e in rpc)
-        model = self._load_model()
-        self.n_batch = max(1, min(n_batch, n_ctx))
-        # Cuts of a long input that make decode's own llama_decode calls (a view: its base's)
-        self.prompt_step = self.n_batch
-        self.n_seq = max(1, n_seq)
-        self.seq = 0  # the sequence id this object decodes into
-        self.memory_kind = memory_kind(model)
-        ctx = self._create_context(model, n_ctx)
-        self._ctx = ctx
-        self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_seq
-        self._mem = lc.llama_get_memory(ctx)
+        path = Path(path)
+        self._model = None  # the weights' handle (Vocabulary's); None once freed
+        check_gguf_file(path, what="model")
+        endpoints = tuple(rpc_net.check_endpoint(e) for e in rpc)
+        model = self._load_model(path, endpoints)
+        try:
+            shared = Context.create(
+                model, path, n_ctx=n_ctx, n_batch=max(1, min(n_batch, n_ctx)),
+                n_seq=max(1, n_seq), n_threads=n_threads or max(1, os.cpu_count() or 1),
+                n_vocab=self.n_vocab, spares=self.memory_kind != "transformer",
+                snapshots=snapshots, rpc=endpoints)
+        except BaseException:
+            Vocabulary.close(self)
+            raise
         # How a cut back runs (rewind.py); recurrent checkpoints go to spare sequences n_seq..
-        n_rs = int(lc.llama_n_rs_seq(ctx))
+        n_rs = int(lc.llama_n_rs_seq(shared.ctx))
         best: Rewind = "trim" if self.memory_kind == "transformer" else \
             "snapshot" if n_rs > 0 else "copy"
-        self.rewinder = Rewinder(self._mem, 0, -1 if best == "trim" else self.n_seq, best, n_rs)
-        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
-        # the end) is read as a stand-in: it costs acceptance, never exactness.
-        newline = int(lc.llama_vocab_nl(self._vocab))
-        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
-        self._row_type = ctypes.c_float * self.n_vocab
-        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
-        self._fast_logits = backend.logits_address()
-        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        if self.rpc:
-            rpc_net.keep_alive(list(self.rpc))
+        spare = -1 if best == "trim" else shared.n_seq
+        self._view(shared, 0, Rewinder(shared.mem, 0, spare, best, n_rs))
+        if endpoints:
+            rpc_net.keep_alive(list(endpoints))
 
+    def _view(self, shared: Context, seq: int, rewinder: Rewinder) -> None:
+        """This object's own state, and nothing else: sequence `seq` of `shared` (held by
+        reference), holding no tokens yet. Every view (a Model, a SeqView, an MtpDraft)
+        starts here, once it has adopted the weights' vocabulary (`_adopt`)."""
+        self.path = shared.path
+        self.shared = shared
+        self.seq = seq  # the sequence id this object decodes into
+        self.rewinder = rewinder
+        # Cuts of a long input: decode's own llama_decode calls, and the round loop's steps
+        self.n_batch = self.prompt_step = shared.n_batch
         self.cached: list[int] = []  # token ids held by the KV cache, position = index
         self.decode_s = 0.0  # wall time inside llama_decode
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
@@ -134,10 +154,8 @@ class Model(Vocabulary):
         #: called with (start, n) after each decode lands (mtp.py keeps hidden states)
         self.on_decoded: Callable[[int, int], None] | None = None
         self.others = 0  # tokens of other sequences in the last decode (batched.py)
-        self.companions = 0  # other requests in progress (batched.py)
-        self._warm_sizes: set[int] = set()  # batch sizes warm_batch_sizes has decoded
 
-    def _load_model(self) -> Any:
+    def _load_model(self, path: Path, rpc: tuple[str, ...]) -> Any:
         """Load the weights (onto the RPC servers when there are any) and adopt them."""
         mparams = lc.llama_model_default_params()
         # MTP layers (about one layer) load always: an MTP context (mtp.py) on a model
@@ -145,62 +163,55 @@ class Model(Vocabulary):
         mparams.load_mtp = True
         if backend.amx_built_in():
             mparams.use_extra_bufts = False
-        if self.rpc:
-            self._devices = backend.rpc_devices(self.rpc)  # kept alive with the model
+        if rpc:
+            self._devices = backend.rpc_devices(rpc)  # kept alive with the model
             mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
             mparams.n_gpu_layers = -1  # every layer (and the output layer) on them
-        model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
             raise ModelLoadError(
-                f"{self.path}: llama.cpp could not load it ({backend.last_log_error()}); "
+                f"{path}: llama.cpp could not load it ({backend.last_log_error()}); "
                 "the file may be truncated or of an unsupported architecture"
             )
         self._adopt(model)
-        self.n_nextn = int(lc.llama_model_n_layer_nextn(model))
-        self.n_embd = int(lc.llama_model_n_embd_out(model))
         return model
 
-    def _create_context(self, model: Any, n_ctx: int) -> Any:
-        """A context of n_ctx tokens, one sequence, batches of n_batch, on the loaded
-        model; the model is freed when llama.cpp cannot create it."""
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx * self.n_seq
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_batch
-        spares = self.memory_kind != "transformer"  # rewind.py's checkpoints
-        cparams.n_seq_max = self.n_seq * (2 if spares else 1)
-        # One KV buffer for every sequence: a batch of several sequences is then one
-        # ubatch (separate buffers split it into equal per-sequence slices), and a
-        # checkpoint shares cells rather than copying them.
-        cparams.kv_unified = cparams.n_seq_max > 1
-        # Recurrent states kept per token for a rollback (llama.cpp grants them to some archs)
-        cparams.n_rs_seq = self._snapshots if spares else 0
-        # A sliding-window cache keeps every cell: a rollback past the window then never
-        # finds pruned cells missing (llama.cpp's default; stated, as we rely on it).
-        cparams.swa_full = True
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        ctx = lc.llama_init_from_model(model, cparams)
-        if not ctx:
-            self.close()
-            raise ModelLoadError(f"{self.path}: could not create a context of {n_ctx} tokens "
-                                 f"({backend.last_log_error()})")
-        return ctx
+    def _adopt(self, model: Any) -> None:
+        """The vocabulary, and what the weights say of themselves."""
+        super()._adopt(model)
+        self.n_nextn = int(lc.llama_model_n_layer_nextn(model))
+        self.n_embd = int(lc.llama_model_n_embd_out(model))
+        self.memory_kind = memory_kind(model)
+        # A token this model lacks (a pair's vocabularies may differ by up to 128 ids at
+        # the end) is read as a stand-in: it costs acceptance, never exactness.
+        newline = int(lc.llama_vocab_nl(self._vocab))
+        self._stand_in = newline if 0 <= newline < self.n_vocab else 0
+
+    # What every view of the context shares: read there, never copied
+    @property
+    def n_ctx(self) -> int:
+        return self.shared.n_ctx
+
+    @property
+    def n_seq(self) -> int:
+        return self.shared.n_seq
+
+    @property
+    def n_threads(self) -> int:
+        return self.shared.n_threads
+
+    @property
+    def rpc(self) -> tuple[str, ...]:
+        return self.shared.rpc
 
     def set_threads(self, n_threads: int) -> None:
         """Decode with n_threads from now on (chosen once the load has shown how busy
         the machine is)."""
-        self.n_threads = max(1, int(n_threads))
-        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
+        self.shared.set_threads(n_threads)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        if self._batch is not None:
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            lc.llama_free(self._ctx)
-            self._ctx = None
+        self.shared.close()
         super().close()
 
     @property
@@ -251,7 +262,7 @@ class Model(Vocabulary):
     def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
         """One llama_decode of `tokens` at positions from `start`: its return code and
         the seconds it took."""
-        batch = self._batch
+        batch = self.shared.batch
         batch.n_tokens = len(tokens)
         self.fill(batch, 0, tokens, start, logits)
         t0 = time.perf_counter()
@@ -276,16 +287,7 @@ class Model(Vocabulary):
 
     def submit(self, batch: Any) -> int:
         """llama_decode of a filled batch (waiting for remote devices to finish)."""
-        return self._decode_remote(batch) if self.rpc else int(lc.llama_decode(self._ctx, batch))
-
-    def _decode_remote(self, batch: Any) -> int:
-        with backend.stall_watch(", ".join(self.rpc)):
-            rc = int(lc.llama_decode(self._ctx, batch))
-            if rc == 0:
-                # Remote devices compute asynchronously: wait here, so decode_s (the
-                # stats, auto's costs) holds the real cost rather than the next read.
-                lc.llama_synchronize(self._ctx)
-        return rc
+        return self.shared.submit(batch)
 
     def warm_batch_sizes(self, sizes: Sequence[int]) -> int:
         """On RPC devices, decode each batch size once, untimed (rpc.warm_batch_sizes)."""
@@ -293,16 +295,7 @@ class Model(Vocabulary):
 
     def logits_row(self, i: int) -> np.ndarray:
         """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
-        if self._fast_logits is not None:
-            address = self._fast_logits(self._ctx_address, i)
-            if not address:
-                raise IndexError(f"no logits for row {i} of the last decode")
-            row: Any = self._row_type.from_address(address)  # a ctypes array: a buffer
-            return np.frombuffer(row, dtype=np.float32)
-        ptr = lc.llama_get_logits_ith(self._ctx, i)  # pragma: no cover - no private handle
-        if not ptr:
-            raise IndexError(f"no logits for row {i} of the last decode")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return self.shared.logits(i)
 
     def batch_row(self, i: int) -> int:
         """Row i of this object's last decode as a row of the batch that carried it."""
@@ -314,11 +307,11 @@ class Model(Vocabulary):
 
     def pos_max(self) -> int:
         """Highest position the KV cache really holds (-1 when empty)."""
-        return int(lc.llama_memory_seq_pos_max(self._mem, self.seq))
+        return int(lc.llama_memory_seq_pos_max(self.shared.mem, self.seq))
 
     def pos_min(self) -> int:
         """Lowest position it holds (above 0 where a sliding window pruned cells)."""
-        return int(lc.llama_memory_seq_pos_min(self._mem, self.seq))
+        return int(lc.llama_memory_seq_pos_min(self.shared.mem, self.seq))
 
     def truncate(self, n: int) -> None:
         """Keep the first n cached tokens, drop the rest (trusting `cached`: a cache
@@ -355,17 +348,17 @@ class Model(Vocabulary):
     def clear(self) -> None:
         self.rewinder.forget()
         if self.n_seq == 1:
-            lc.llama_memory_clear(self._mem, True)
+            lc.llama_memory_clear(self.shared.mem, True)
         else:
-            lc.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+            lc.llama_memory_seq_rm(self.shared.mem, self.seq, -1, -1)
         self.cached.clear()
 
     def save_state(self) -> KVState:
         """A copy of the KV cache and the tokens it holds (llama.cpp's sequence state),
         for `restore` later, after other prompts have passed through."""
-        size = int(lc.llama_state_seq_get_size(self._ctx, self.seq))
+        size = int(lc.llama_state_seq_get_size(self.shared.ctx, self.seq))
         buf = (ctypes.c_uint8 * size)()
-        written = int(lc.llama_state_seq_get_data(self._ctx, buf, size, self.seq))
+        written = int(lc.llama_state_seq_get_data(self.shared.ctx, buf, size, self.seq))
         if written == 0 and self.cached:
             raise KVCacheError(f"{self.path.name}: llama.cpp could not copy its KV cache")
         return KVState(tuple(self.cached), bytes(buf)[:written])
@@ -376,7 +369,7 @@ class Model(Vocabulary):
         if not state.tokens:
             return
         buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
-        if not lc.llama_state_seq_set_data(self._ctx, buf, len(state.data), self.seq):
+        if not lc.llama_state_seq_set_data(self.shared.ctx, buf, len(state.data), self.seq):
             self.clear()  # llama.cpp may have read part of it
             raise KVCacheError(f"{self.path.name}: llama.cpp could not restore a saved KV cache")
         self.cached[:] = state.tokens

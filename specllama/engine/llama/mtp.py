@@ -30,6 +30,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from . import backend
 from .backend import lc
+from .context import Context
 from .model import LogitsWanted, Model
 from .rewind import Rewinder
 
@@ -51,13 +52,13 @@ class HiddenStates:
     def __init__(self, target: Model) -> None:
         self.target = target
         self.rows = np.zeros((target.n_ctx, target.n_embd), dtype=np.float32)
-        lcx.llama_set_embeddings_nextn(target._ctx, True, False)
+        lcx.llama_set_embeddings_nextn(target.shared.ctx, True, False)
         target.on_decoded = self._keep
 
     def _keep(self, start: int, n: int) -> None:
         t = self.target
         first = t.batch_row(0)  # unmasked rows lie densely by batch position
-        rows = np.ctypeslib.as_array(lcx.llama_get_embeddings_nextn(t._ctx),
+        rows = np.ctypeslib.as_array(lcx.llama_get_embeddings_nextn(t.shared.ctx),
                                      shape=(first + n, t.n_embd))
         self.rows[start:start + n] = rows[first:]
 
@@ -81,28 +82,20 @@ class MtpDraft(Model):
         if not has_mtp(target):
             raise ModelLoadError(f"{target.path.name} has no MTP (nextn) layers to draft "
                                  "with; give a draft model, or draft by lookup")
-        self.__dict__.update(target.__dict__)  # the vocabulary and the weights' handles
-        self._ctx = self._batch = None
         self.target = target
         self.runner = runner
-        self.n_seq, self.seq = 1, 0
         self.hidden = HiddenStates(target)
         ctx = self._mtp_context(target)
-        self._ctx = ctx
-        self._mem = lc.llama_get_memory(ctx)
-        self.rewinder = Rewinder(self._mem, 0, -1, "trim", 0)
-        self._ctx_address = ctypes.cast(ctx, ctypes.c_void_p).value
+        self._adopt(target.shared.model)  # the vocabulary: the target's weights'
+        shared = Context(target.shared.model, ctx, path=target.path, n_ctx=target.n_ctx,
+                         n_batch=target.n_batch, n_seq=1, n_threads=target.n_threads,
+                         n_vocab=target.n_vocab, rpc=target.rpc)
+        self._view(shared, 0, Rewinder(shared.mem, 0, -1, "trim", 0))
         lcx.llama_set_embeddings_nextn(ctx, True, True)
-        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._embd = np.zeros((self.n_batch, self.n_embd), dtype=np.float32)
-        self._batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        shared.batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         self._own: dict[int, np.ndarray] = {}  # its own h at the rows of its last decode
         self._from_target: list[bool] = []  # per position: decoded with the target's h
-        self.cached = []
-        self.decode_s = 0.0
-        self.tokens_evaluated = 0
-        self.decode_calls = 0
-        self.on_decoded = None
 
     def _mtp_context(self, target: Model) -> Any:
         cparams = lc.llama_context_default_params()
@@ -111,7 +104,7 @@ class MtpDraft(Model):
         cparams.n_batch = cparams.n_ubatch = target.n_batch
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = target.n_threads
-        ctx = lc.llama_init_from_model(target._model, cparams)
+        ctx = lc.llama_init_from_model(target.shared.model, cparams)
         if not ctx:
             raise ModelLoadError(f"{target.path.name}: could not create its MTP context "
                                  f"({backend.last_log_error()})")
@@ -119,18 +112,15 @@ class MtpDraft(Model):
 
     def close(self) -> None:
         """The weights are the target's: only the context and the batch go."""
-        if self._batch is not None:
-            self._batch.embd = None  # ours (numpy), not llama_batch_init's
-            lc.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            lc.llama_free(self._ctx)
-            self._ctx = None
+        if self.shared.batch is not None:
+            self.shared.batch.embd = None  # ours (numpy), not llama_batch_init's
+        self.shared.close()
 
     def submit(self, batch: Any) -> int:
+        ctx = self.shared.ctx
         if self.runner is None:
-            return int(lc.llama_decode(self._ctx, batch))
-        return self.runner(lambda: int(lc.llama_decode(self._ctx, batch)))
+            return int(lc.llama_decode(ctx, batch))
+        return self.runner(lambda: int(lc.llama_decode(ctx, batch)))
 
     def fill(self, batch: Any, at: int, tokens: list[int], start: int,
              logits: LogitsWanted) -> None:
@@ -153,7 +143,7 @@ class MtpDraft(Model):
             if logits == "last" else []
         self._own.clear()
         for i in rows:  # its own state where it read logits: what a chained step feeds
-            ptr = lcx.llama_get_embeddings_nextn_ith(self._ctx, i)
+            ptr = lcx.llama_get_embeddings_nextn_ith(self.shared.ctx, i)
             self._own[start + i] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
 
     def sync_to(self, tokens: list[int]) -> int:
@@ -168,7 +158,3 @@ class MtpDraft(Model):
         """Where it runs, told apart from the file as a whole model (auto's cost cache
         keys on it: the MTP step is not the model's step)."""
         return f"MTP layers, {self.target.placement}"
-
-    def set_threads(self, n_threads: int) -> None:
-        self.n_threads = max(1, int(n_threads))
-        lc.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)

@@ -169,7 +169,7 @@ def warm_batch_sizes(model: Model, sizes: Sequence[int]) -> int:
         return 0
     base = len(model.cached)
     todo = [n for n in dict.fromkeys(int(n) for n in sizes) if 1 < n <= model.n_batch
-            and n not in model._warm_sizes and base + n <= model.n_ctx]
+            and n not in model.shared.warm_sizes and base + n <= model.n_ctx]
     if not todo:
         return 0
     saved = (model.decode_s, model.decode_calls, model.tokens_evaluated)
@@ -177,7 +177,7 @@ def warm_batch_sizes(model: Model, sizes: Sequence[int]) -> int:
         for n in todo:
             model.decode([model._stand_in] * n, "all")
             model.truncate(base)
-            model._warm_sizes.add(n)
+            model.shared.warm_sizes.add(n)
     finally:
         model.truncate(base)
         model.decode_s, model.decode_calls, model.tokens_evaluated = saved

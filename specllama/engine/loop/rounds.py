@@ -18,7 +18,7 @@ import numpy as np
 from ..constraint import Constraint, masked
 from ..drafting.base import Ask, Draft, Start
 from ..drafting.chain import DraftChain
-from ..llama import Model
+from ..llama import ModelView
 from ..sampling import SamplingParams, Verdict, log_softmax, verify, verify_greedy
 from .events import (
     DraftProposed,
@@ -86,7 +86,7 @@ class Generation:
 
     def __init__(
         self,
-        target: Model,
+        target: ModelView,
         chain: DraftChain,
         committed: list[int],
         *,
@@ -98,7 +98,7 @@ class Generation:
         keep_cache: bool,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
-        draft_model: Model | None = None,
+        draft_model: ModelView | None = None,
     ) -> None:
         """chain: who drafts (forced tokens of `constraint` first where it has them);
         constraint: what the output must follow (every row masked by it); logprobs: keep
