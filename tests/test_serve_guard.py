@@ -1,10 +1,12 @@
 """The browser boundary of `specllama serve` (server/guard.py): Host, Origin and
-Content-Type checks, CORS answers, /health behind the key and uvicorn's connection limit,
-on real server processes with the tiny models, as a browser and curl would send them."""
+Content-Type checks, CORS answers, /health behind the key and the limit on requests in
+progress, on real server processes with the tiny models, as a browser and curl would
+send them."""
 
 from __future__ import annotations
 
 import socket
+import time
 
 import httpx
 import pytest
@@ -211,20 +213,45 @@ def test_health_without_the_key_says_only_that_the_server_is_alive(keyed, plain)
 # ------------------------------------------------------------------- connection flood
 
 
-def test_past_the_connection_limit_new_requests_get_503(start):
-    """uvicorn's limit_concurrency: --parallel 1 --queue 0 leaves room for 33 connections
-    (served, waiting and 32 more); past that a request is answered 503 at once."""
+def test_past_the_request_limit_a_request_gets_the_apis_503_and_health_gets_through(start):
+    """--parallel 1 --queue 0 leaves room for 33 requests in progress at once (served,
+    waiting and 32 more): here 33 whose bodies never come. One more is answered 503 at
+    once, in the API's shape with Retry-After (not uvicorn's plain text), while /health
+    still answers; once they go, requests are served again."""
     server = start("--queue", 0)
     host, port = server.url.split("//")[1].rsplit(":", 1)
-    idle = [socket.create_connection((host, int(port))) for _ in range(33)]
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n").encode()
+    slow = []
     try:
-        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 503
+        for _ in range(33):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(head)
+            slow.append(sock)
+            time.sleep(0.02)  # one at a time, as uvicorn alone then refused the 33rd
+        for _ in range(100):  # until the server has read every one's headers
+            r = httpx.get(f"{server.url}/v1/models", timeout=10)
+            if r.status_code == 503:
+                break
+        assert r.status_code == 503, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["retry-after"] == "1"
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"], error["param"]) == (
+            "server_error", "too_many_requests", None)
+        assert "33 requests" in error["message"]
+        post = call(server, "POST", "/v1/completions")
+        assert post.status_code == 503 and post.json()["error"]["code"] == "too_many_requests"
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
     finally:
-        for sock in idle:
+        for sock in slow:
             sock.close()
     for _ in range(100):  # the server sees the closes in its own time
-        if httpx.get(f"{server.url}/health", timeout=10).status_code == 200:
+        if httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 200:
             break
     else:
-        raise AssertionError("still 503 once the connections closed")
+        raise AssertionError("still 503 once the requests went")
+    assert call(server, "POST", "/v1/completions").status_code == 200
     server.stop()

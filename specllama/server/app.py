@@ -61,8 +61,8 @@ class ServeConfig:
 
     @property
     def limit_concurrency(self) -> int:
-        """Connections uvicorn serves at once; more get 503 before any work. Room for
-        those served and waiting, plus /health probes, kept-alive and refused ones."""
+        """Requests in progress at once (guard.Limit); more get a JSON 503 before any
+        work. Room for those served and waiting, plus kept-alive and refused ones."""
         return self.parallel + self.max_waiting + 32
 
 

@@ -9,6 +9,9 @@ Ollama does (OLLAMA_ORIGINS), before any work:
   allowed ones get matching CORS answers (preflight included), refused ones none;
 - a POST whose Content-Type is not application/json: 415 (the "simple" requests a page
   may send without asking first: text/plain, forms, no type at all).
+
+And `Limit`, around the whole app: a request past the number in progress at once gets
+the API's own 503 (JSON, Retry-After) before any work, not uvicorn's plain-text one.
 """
 
 from __future__ import annotations
@@ -136,6 +139,35 @@ class Guard:
                 and port == local[1] and self._this_machine(parts.hostname, local[0]))
 
 
+class Limit:
+    """At most `limit` requests in progress at once, streams and bodies still arriving
+    included; one more is answered 503 in the API's shape before any work. /health is
+    neither counted nor refused, so a probe gets through while requests fill the limit.
+    uvicorn's own limit_concurrency (on connections, idle ones too; a plain-text 503)
+    stays as a backstop above this one (runner.py)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.active = 0  # requests in progress (one event loop: no lock)
+        self._busy = APIError(503, f"the server is busy: {limit} requests are in progress "
+                              "at once, its most; retry later", type="server_error",
+                              code="too_many_requests", headers={"Retry-After": "1"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            await _answer(self._busy)(scope, receive, send)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
 def _bare(host: str) -> str:
     """A host without brackets, a trailing dot or capitals: '[::1]' -> '::1'."""
     return host.strip().strip("[]").rstrip(".").lower()
@@ -159,7 +191,7 @@ def _host_of(header: str) -> str:
 
 
 def _answer(error: APIError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def _cors(origin: str) -> list[tuple[bytes, bytes]]:

@@ -21,6 +21,7 @@ import uvicorn
 from .. import SpecLlamaError
 from ..engine.llama import Vocabulary
 from .app import GRACE_S, ServeConfig, create_app
+from .guard import Limit
 from .worker import Decoding, Totals, Worker
 
 
@@ -104,7 +105,8 @@ def serve(
         log=log,
         parallel=config.parallel,
     )
-    app = create_app(worker, config, vocab, log)
+    # A flood of requests gets a 503 in the API's shape instead of stalling everyone.
+    app = Limit(create_app(worker, config, vocab, log), config.limit_concurrency)
     server = _Server(
         uvicorn.Config(
             app,
@@ -112,8 +114,9 @@ def serve(
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=GRACE_S,
-            # A flood of connections gets uvicorn's 503 instead of stalling everyone.
-            limit_concurrency=config.limit_concurrency,
+            # The backstop: uvicorn's plain-text 503, for a flood of connections (idle
+            # ones, /health probes) past twice as many.
+            limit_concurrency=2 * config.limit_concurrency,
         ),
         worker,
         lambda: on_ready(url_of(sock)),
