@@ -216,6 +216,9 @@ def test_bad_constraints_are_one_line_errors(make, message):
     (ConstraintSpec("regex", "(unclosed"), "the regex is not valid"),
     (ConstraintSpec("grammar", "root ::= missing-rule"), "the grammar is not valid"),
     (ConstraintSpec("json_schema", '{"type": "no-such-type"}'), "the JSON schema is not valid"),
+    # found by the HTTP fuzzer: llguidance admitted "" for it, an empty "complete" answer
+    (ConstraintSpec.json_schema({"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}),
+     "admits no output"),
 ])
 def test_malformed_constraints_fail_before_generating(pair, spec, message):
     dec, _, prompt = pair

@@ -128,6 +128,13 @@ class Constraint:
         if self._matcher.is_error():
             problem = _one_line(Exception(self._matcher.get_error()))
             raise ConstraintError(f"the {spec.describe()} is not valid: {problem}")
+        # A grammar that admits no token at all (a schema that is only a $ref cycle)
+        # compiles; its first mask errs, and the answer would be an empty "complete" text.
+        probe = self._matcher.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error() and not probe.is_accepting():
+            raise ConstraintError(f"the {spec.describe()} admits no output (is it only a "
+                                  "$ref cycle?)")
         self._chain = 0  # tokens proposed beyond the committed output
         self._chain_consumed = 0  # of which the matcher consumed (none after its end)
         self._masks: list[np.ndarray] = []  # mask at chain positions 0.._chain (when computed)
