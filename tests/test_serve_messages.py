@@ -293,6 +293,20 @@ def test_an_unknown_model_is_a_404_in_anthropics_shape(client):
     assert info.value.body["error"]["type"] == "not_found_error"
 
 
+def test_the_guards_refusals_come_in_anthropics_shape_too(server):
+    """Refused before any route (a POST that is not JSON, a foreign page, a wrong
+    method): an Anthropic client still reads its own error shape."""
+    url = f"{server.url}/v1/messages"
+    for r, status in ((httpx.post(url, content=b"{}", headers={"x-api-key": KEY,
+                       "content-type": "text/plain"}), 415),
+                      (httpx.post(url, json={}, headers={"x-api-key": KEY,
+                       "origin": "https://evil.example"}), 403),
+                      (httpx.get(url, headers={"x-api-key": KEY}), 405)):
+        assert r.status_code == status
+        body = r.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+
+
 # A Qwen3-style template: the generation prompt opens the reasoning, unless thinking is
 # turned off (then it writes an empty reasoning block itself).
 THINKING = (

@@ -184,10 +184,11 @@ class _API:
     async def not_found(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         what = "no such endpoint" if exc.status_code == 404 else str(exc.detail).lower()
-        return error_response(APIError(
-            exc.status_code, f"{what}: {request.method} {request.url.path}",
-            code="not_found" if exc.status_code == 404 else None,
-        ))
+        error = APIError(exc.status_code, f"{what}: {request.method} {request.url.path}",
+                         code="not_found" if exc.status_code == 404 else None)
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's clients read theirs
+            return JSONResponse(self.messages.error(error), status_code=error.status)
+        return error_response(error)
 
     # ---------------------------------------------------------------- helpers
     def _model_card(self) -> dict[str, Any]:

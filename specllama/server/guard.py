@@ -26,6 +26,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .apis.messages import error_body as messages_error
 from .schema import APIError
 
 _METHODS = "GET, POST, OPTIONS"
@@ -78,7 +79,7 @@ class Guard:
         refusal = self._refusal(scope["method"], headers, local)
         origin = headers.get("origin")
         if origin is None or (refusal is not None and refusal.status == 403):
-            app = self.app if refusal is None else _answer(refusal)
+            app = self.app if refusal is None else _answer(refusal, scope)
             await app(scope, receive, send)
             return
         # An allowed Origin from here on.
@@ -92,7 +93,7 @@ class Guard:
                                                   *_cors(origin)]}
             await send(message)
 
-        app = self.app if refusal is None else _answer(refusal)
+        app = self.app if refusal is None else _answer(refusal, scope)
         await app(scope, receive, with_cors)
 
     def _refusal(self, method: str, headers: Headers,
@@ -159,7 +160,7 @@ class Limit:
             await self.app(scope, receive, send)
             return
         if self.active >= self.limit:
-            await _answer(self._busy)(scope, receive, send)
+            await _answer(self._busy, scope)(scope, receive, send)
             return
         self.active += 1
         try:
@@ -190,8 +191,10 @@ def _host_of(header: str) -> str:
     return _bare(header)
 
 
-def _answer(error: APIError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+def _answer(error: APIError, scope: Scope) -> Response:
+    """The refusal in the asking API's error shape (Anthropic's on its routes)."""
+    body = messages_error(error) if scope["path"].startswith("/v1/messages") else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def _cors(origin: str) -> list[tuple[bytes, bytes]]:
