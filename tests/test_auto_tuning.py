@@ -71,6 +71,23 @@ def test_the_upper_bound_stops_probes_the_evidence_rules_out(upper_z, probes):
     assert (probes_in(policy, 300) > 0) == probes
 
 
+@pytest.mark.parametrize(("upper_min_evidence", "probes"),
+                         [(DEFAULT.upper_min_evidence, True), (0.0, False)])
+def test_one_rejected_probe_does_not_bound_the_next(upper_min_evidence, probes):
+    """A near-copy MTP layer's first-round probe rejected once left an estimate of 0.48
+    and a bound of 0.73, under which no probe paid for the rest of the call (greedy, 2 of
+    5 calls drafted nothing: 0.97x the target alone instead of 1.02x or better). One
+    draft says little of a rate: probes go on until there are two."""
+    st = state_for(AutoTuning(upper_min_evidence=upper_min_evidence))
+    estimate = st.sources["model"].acceptance
+    estimate.observe(1, 0)
+    assert (estimate.upper() == 1.0) == probes
+    if not probes:
+        assert estimate.upper() < 0.75  # what held the MTP layer back
+    estimate.observe(1, 0)  # a second rejection: bounded
+    assert estimate.upper() < 1.0
+
+
 # ----------------------------------------------------------------------------- carry_over
 
 

@@ -31,17 +31,20 @@ class AcceptanceEstimate:
         positions: int = DEFAULT.max_draft,
         upper_z: float = DEFAULT.upper_z,
         upper_variance_floor: float = DEFAULT.upper_variance_floor,
+        upper_min_evidence: float = DEFAULT.upper_min_evidence,
     ) -> None:
         self.prior, self.prior_weight = prior, prior_weight
         self.position_weight, self.decay = position_weight, decay
         self.upper_z, self.upper_variance_floor = upper_z, upper_variance_floor
+        self.upper_min_evidence = upper_min_evidence
         self.reached = [0.0] * positions
         self.accepted = [0.0] * positions
 
     @classmethod
     def tuned(cls, tuning: AutoTuning, prior: float, positions: int) -> AcceptanceEstimate:
         return cls(prior, tuning.prior_weight, tuning.position_weight, tuning.decay,
-                   positions, tuning.upper_z, tuning.upper_variance_floor)
+                   positions, tuning.upper_z, tuning.upper_variance_floor,
+                   tuning.upper_min_evidence)
 
     def observe(self, reached: int, accepted: int) -> None:
         """Positions 1..reached were reached; 1..accepted of them accepted."""
@@ -69,9 +72,10 @@ class AcceptanceEstimate:
         self.accepted = [a * keep for a in self.accepted]
 
     def upper(self) -> float:
-        """An upper confidence bound on first-draft acceptance (1 without evidence)."""
+        """An upper confidence bound on first-draft acceptance (1 without enough evidence:
+        a single draft says little of a rate)."""
         a, n = self.overall, self.reached[0]
-        if n <= 0:
+        if n <= 0 or n < self.upper_min_evidence:
             return 1.0
         spread = (max(a * (1 - a), self.upper_variance_floor) / n) ** 0.5
         return min(1.0, a + self.upper_z * spread)

@@ -55,6 +55,9 @@ class AutoTuning:
     upper_z: float = 0.5
     #: The variance floor of that bound, so an estimate of 0 or 1 is not certain.
     upper_variance_floor: float = 0.05
+    #: No bound below this much evidence of first drafts (decayed counts): one rejected
+    #: probe of a near-copy MTP layer otherwise capped it at 0.73 for the whole call.
+    upper_min_evidence: float = 1.5
     #: A new call keeps this share of the acceptance evidence: a new text may differ.
     carry_over: float = 0.5
     #: Learn first-draft acceptance from the draft model's catch-up on paused tokens
