@@ -159,6 +159,11 @@ class LoopCosts:
             wake = min(extra, self.draft_wake * tune.spike + self.draft_step)
             self.draft_wake += tune.learn * (wake - self.draft_wake)
             self._measured_at["wake"] = self._rounds
+        elif outcome.work.shadow:
+            # Its last rows were read (the shadow): each ran the output head, which the
+            # calibrated catch-up, one row kept, does not. Learnt from, it priced an MTP
+            # catch-up (a 248k head) 11.5x too high for every later call.
+            pass
         elif (calibrated := self._calibrated_catch_up(behind)) > 0:
             scale = max(0.0, extra - self.draft_wake) / calibrated
             if self.catch_up_scale is None:  # at most a draft step a token
