@@ -1,21 +1,16 @@
 """``hf`` sources: a file (or the first match of a glob) of a Hugging Face repository.
 
 Taken from the standard Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``,
-else ``~/.cache/huggingface/hub``) when it is there, else downloaded into that cache
-with ``huggingface_hub.hf_hub_download`` (which draws its own progress bar on stderr).
-A split GGUF (``NAME-00001-of-0000N.gguf``) resolves to its first part, with all parts
-fetched into the same snapshot directory (llama.cpp loads the rest from there). With
-``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, a model that is not cached is
-a :class:`ModelLoadError` naming the command that fetches it: the caller's (``fetch``:
-``specllama pull NAME``), else the exact ``hf download`` command.
+else ``~/.cache/huggingface/hub``), else downloaded into it with
+``huggingface_hub.hf_hub_download`` (its own progress bar on stderr). A split GGUF
+resolves to its first part, all parts fetched into one snapshot directory. Offline, a
+model not cached is a :class:`ModelLoadError` naming the command that fetches it
+(``specllama pull NAME``, else ``hf download ...``).
 
-The cache is read directly (its layout, ``models--OWNER--REPO/refs/<rev>`` holding a
-commit hash and ``snapshots/<commit>/<file>``, is huggingface_hub's documented format),
-with the cache directory taken from the environment at call time: so a cached model
-needs neither the network nor even ``huggingface_hub``, and the status of a pair never
-touches the network. Only downloading imports ``huggingface_hub``, lazily.
+The cache is read directly (``models--OWNER--REPO/refs/<rev>`` holding a commit hash,
+``snapshots/<commit>/<file>``: huggingface_hub's documented layout), so a cached model
+needs neither the network nor ``huggingface_hub``, imported only to download.
 """
-
 from __future__ import annotations
 
 import fnmatch
@@ -220,21 +215,17 @@ def _not_cached(source: ModelSource, cached: HfCached, cache: Path) -> str:
         return f'no file matching "{source.file}" from {source.repo} is in {where}'
     if len(cached.missing) == 1:
         return f"{source.repo}/{cached.missing[0]} is not in {where}"
-    return (
-        f"{len(cached.missing)} files of {source.repo} "
-        f"({', '.join(cached.missing)}) are not in {where}"
-    )
+    return (f"{len(cached.missing)} files of {source.repo} ({', '.join(cached.missing)}) "
+            f"are not in {where}")
 
 
 def _fetch_advice(source: ModelSource, cached: HfCached, fetch: str | None) -> str:
-    """'run: FETCH', else 'run: hf download ...' (plus where to list a repo's files, for an
-    unmatched glob)."""
+    """'run: FETCH', else 'run: hf download ...' (and the repo's files, for a glob)."""
     if fetch is not None:
         return f"run: {fetch}"
     if cached.needed is None:
-        return (
-            f"run: {_download_command(source, None)} (list the repo's files at {_tree_url(source)})"
-        )
+        return f"run: {_download_command(source, None)} (list the repo's files at " \
+            f"{_tree_url(source)})"
     return f"run: {_download_command(source, cached.missing)}"
 
 
@@ -336,10 +327,8 @@ def _remote_match(hub: ModuleType, source: ModelSource, *, what: str, hint: str)
 
 
 def _reach(hub: ModuleType, source: ModelSource, name: str) -> None:
-    """One HEAD request for ``name``, without retries. huggingface_hub retries an
-    unreachable Hub for ~25 s, a warning on stderr each time, before it gives up on a file
-    it has no copy of: this tells an offline machine (an unknown repo or file too) at once.
-    A glob names no file: any answer to it says the Hub is reachable."""
+    """One HEAD request for ``name``, without retries (huggingface_hub retries an
+    unreachable Hub for ~25 s, a warning each time); for a glob any answer will do."""
     url = hub.hf_hub_url(source.repo, name, revision=source.revision)
     try:
         hub.get_hf_file_metadata(url)
@@ -349,10 +338,8 @@ def _reach(hub: ModuleType, source: ModelSource, name: str) -> None:
         raise
 
 
-def resolve_hf(
-    source: ModelSource, *, what: str, hint: str, progress: Progress | None,
-    fetch: str | None = None,
-) -> Path:
+def resolve_hf(source: ModelSource, *, what: str, hint: str, progress: Progress | None,
+               fetch: str | None = None) -> Path:
     """The local file of ``source``: from the cache, else downloaded. ``fetch`` is the
     command an offline error tells to run (None: ``hf download ...``)."""
     assert source.repo is not None and source.file is not None
@@ -360,7 +347,6 @@ def resolve_hf(
     cached = hf_lookup(source, cache)
     if cached.complete:
         return check_gguf_file(cached.path, what=what, hint=hint)
-
     hub = _import_hub(what, source, cached, cache)
     offline = hf_offline()
     if offline is not None:
