@@ -2,6 +2,6 @@
 
     python -m bench.ceiling --help
 
-Every script takes its pair the way `specllama` does (bench/common.py); bench/README.md
+Every script takes its pair the way `specllama` does (bench/lib/common.py); bench/README.md
 says what each one measures.
 """

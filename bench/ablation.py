@@ -3,7 +3,7 @@
     python -m bench.ablation                 # every switch, markdown table on stdout
     python -m bench.ablation "my try:probe_k=1,upper_z=1"   # extra rows, AutoTuning syntax
 
-The workloads are those of tests/test_policy.py (tests/simulated.py): greedy drafts on
+The workloads are those of tests/test_policy.py (bench/lib/simulated.py): greedy drafts on
 the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
 confidence tells which drafts match ("c") or says nothing ("n"), two with 3% of decodes
 slowed tenfold by another process ("s") and two whose calibration put T(1) 20% too high
@@ -22,10 +22,8 @@ import statistics
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-from bench.common import parser, run
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning
-from specllama.policy.calibration import CostCurve
-from tests.simulated import (
+from bench.lib.common import parser, run
+from bench.lib.simulated import (
     F32_CALIBRATED_MS,
     F32_DRAFT_CURVE,
     Text,
@@ -33,6 +31,8 @@ from tests.simulated import (
     simulate,
     texts_for,
 )
+from specllama.policy import AutoDraftLength, AutoState, AutoTuning
+from specllama.policy.calibration import CostCurve
 
 Workload = tuple[float, bool, float, float]
 

@@ -23,8 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, Spread, add_pair_options, add_run_options, model_flags, parser
-from bench.common import run as run_script
+from bench.lib.common import (
+    SPECLLAMA,
+    Spread,
+    add_pair_options,
+    add_run_options,
+    model_flags,
+    parser,
+)
+from bench.lib.common import run as run_script
 
 SWITCHES = [
     ("full policy", ""),

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import add_pair_options, add_run_options, load_decoder, parser, run
+from bench.lib.common import add_pair_options, add_run_options, load_decoder, parser, run
 from specllama.engine.drafting.ngram import NgramIndex
 
 K_MAX = 15  # drafts a round: the target's curve is calibrated up to 16 tokens
@@ -220,7 +220,7 @@ def sequence(dec: Any, prompts: list[list[int]], args: argparse.Namespace,
     from specllama.engine.drafting.draftcache import HISTORY_TOKENS
     from specllama.engine.drafting.suffixcache import SuffixArchive
 
-    dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
+    dec.draft_cache.history = SuffixArchive(HISTORY_TOKENS)  # nothing seen before
     outputs, seconds, by_model = [], 0.0, []
     for index, prompt in enumerate(prompts):
         result = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=draft_max,
@@ -254,7 +254,7 @@ def read_requests(draft: Any, prompts: list[list[int]], outputs: list[list[int]]
 
 def measure(args: argparse.Namespace) -> Measured:
     from specllama import SamplingParams
-    from specllama.cli.bench.prompts import load_prompts
+    from specllama.cli.bench_command.prompts import load_prompts
     from specllama.policy.calibration import DRAFT_MAX_N, TARGET_MAX_N, calibrate
     from specllama.policy.state import AutoState
 

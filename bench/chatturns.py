@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.common import Spread, add_pair_options, add_run_options, load_decoder, parser, run
+from bench.lib.common import Spread, add_pair_options, add_run_options, load_decoder, parser, run
 
 MODES = (("auto", "auto"), ("target", 0))
 
@@ -41,7 +41,7 @@ def conversation(dec: Any, questions: list[str], draft_max: int | str,
     from specllama.engine.drafting.suffixcache import SuffixArchive
 
     history, seconds, tokens = "", 0.0, 0
-    dec.suffix_cache.history = SuffixArchive(HISTORY_TOKENS)  # a new session
+    dec.draft_cache.history = SuffixArchive(HISTORY_TOKENS)  # a new session
     for question in questions:
         history += user_turn(question)
         t0 = time.perf_counter()
@@ -63,7 +63,7 @@ def summary(rates: dict[str, list[float]], turns: int, context: int) -> list[str
 
 
 def main() -> None:
-    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts
 
     p = parser(__doc__)
     add_pair_options(p)

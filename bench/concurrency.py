@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, Spread, add_pair_options, model_flags, parser
-from bench.common import run as run_main
-from bench.llamacpp_build import numbers, pair_and_tools
-from bench.processes import ApiServer, body
+from bench.lib.common import SPECLLAMA, Spread, add_pair_options, model_flags, parser
+from bench.lib.common import run as run_main
+from bench.lib.llamacpp_build import numbers, pair_and_tools
+from bench.lib.processes import ApiServer, body
 
 TOPICS = (
     "a lighthouse keeper", "volcanoes", "the history of paper", "a chess tournament",

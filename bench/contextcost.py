@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench.common import add_pair_options, add_run_options, parser, resolve_models, run
+from bench.lib.common import add_pair_options, add_run_options, parser, resolve_models, run
 from specllama.engine.llama import Model
 
 #: Where the interleaved decodes are timed, and the draft steps before them.

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import add_pair_options, add_run_options, load_decoder, parser, run
+from bench.lib.common import add_pair_options, add_run_options, load_decoder, parser, run
 
 #: One prompt's figures: rounds, a target verify pass (s), the draft model's decodes a
 #: round (s), the view's own work a round (s), and that work over a verify pass.
@@ -42,7 +42,7 @@ def median_line(temperature: float, rows: Sequence[Row]) -> str:
 
 def main() -> None:
     from specllama import SamplingParams
-    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts
     from specllama.engine.drafting.crossvocab import CrossVocabDraft
     from specllama.errors import InvalidParameterError
 
@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3, help="draft length (default: %(default)s)")
     args = p.parse_args()
     dec = load_decoder(args, n_ctx=2048, need_draft=True, p_min=0.0, cross_vocab=True)
-    drafter = dec.drafter
+    drafter = dec.draft_model
     if not isinstance(drafter, CrossVocabDraft):
         raise InvalidParameterError(f"{args.target or args.pair}: not a cross-vocabulary pair")
     prompts = [dec.target.prompt(q.prompt, chat=False) for q in builtin_prompts("text")]
@@ -65,7 +65,7 @@ def main() -> None:
         for i, prompt in enumerate(prompts):
             sync0 = drafter.sync_s
             out = dec.generate(prompt, max_tokens=args.max_tokens, draft_max=args.k,
-                               drafters=("model",), suffix_cache=False,
+                               drafters=("model",), draft_cache=False,
                                sampling=SamplingParams(temperature, seed=i))
             rows.append(round_costs(out.stats, drafter.sync_s - sync0))
         print(median_line(temperature, rows))

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench.common import (
+from bench.lib.common import (
     Spread,
     add_pair_options,
     add_run_options,
@@ -119,7 +119,7 @@ def ablate(sequence: Sequence, reps: int, only: str | None) -> None:
 
 def main() -> None:
     from specllama import SamplingParams
-    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts
 
     p = parser(__doc__)
     add_pair_options(p)
@@ -133,7 +133,7 @@ def main() -> None:
     dec.generate(prompts[0], max_tokens=8, draft_max=0)  # page the weights in
 
     def sequence() -> tuple[int, float, float, int]:
-        dec.suffix_cache.forget_session()
+        dec.draft_cache.forget_session()
         tokens, seconds, target_s, rounds = 0, 0.0, 0.0, 0
         for i, prompt in enumerate(prompts):
             s = dec.generate(prompt, max_tokens=args.max_tokens, draft_max="auto",

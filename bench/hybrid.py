@@ -21,7 +21,7 @@ import re
 import statistics
 import time
 
-from bench.common import (
+from bench.lib.common import (
     Spread,
     add_pair_options,
     add_run_options,

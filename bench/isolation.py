@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.common import (
+from bench.lib.common import (
     Spread,
     add_pair_options,
     add_run_options,
@@ -34,7 +34,7 @@ from bench.common import (
     parser,
     run,
 )
-from bench.processes import Serve
+from bench.lib.processes import Serve
 
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",

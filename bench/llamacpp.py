@@ -28,9 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, add_run_options, geomean, model_flags, parser
-from bench.common import run as run_script
-from bench.llamacpp_build import add_comparison_options, comparison_prompts, numbers, pair_and_tools
+from bench.lib.common import SPECLLAMA, add_run_options, geomean, model_flags, parser
+from bench.lib.common import run as run_script
+from bench.lib.llamacpp_build import (
+    add_comparison_options,
+    comparison_prompts,
+    numbers,
+    pair_and_tools,
+)
 
 SPEC_MODES = "target,1,2,3,auto"
 FIXED_MODES = ("k=1", "k=2", "k=3")

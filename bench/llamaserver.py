@@ -1,7 +1,7 @@
 """`specllama serve` beside `llama-server`, at the request level, through the OpenAI API.
 
 Both servers run the same llama.cpp: `llama-server` is built from `vendor/llama.cpp` of
-the installed llama-cpp-python's sdist (bench/llamacpp_build.py builds it once into the user
+the installed llama-cpp-python's sdist (bench/lib/llamacpp_build.py builds it once into the user
 cache). Every server is up at once (an idle one uses no CPU; never two requests at
 once) and answers one untimed warm-up request; then every prompt at every temperature
 goes to each server in turn as a chat completion (a plain completion for a prompt
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
+from bench.lib.common import (
     SPECLLAMA,
     Spread,
     add_run_options,
@@ -45,14 +45,14 @@ from bench.common import (
     ratios,
     run,
 )
-from bench.llamacpp_build import (
+from bench.lib.llamacpp_build import (
     add_comparison_options,
     comparison_prompts,
     numbers,
     pair_and_tools,
     static_cache,
 )
-from bench.processes import ApiServer, body, request
+from bench.lib.processes import ApiServer, body, request
 
 BASELINE = "llama-server"
 #: specllama's own target alone, when it is among the contenders

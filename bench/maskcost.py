@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_run_options, parser, resolve_models, run
+from bench.lib.common import add_run_options, parser, resolve_models, run
 
 
 def default_models(args: argparse.Namespace, tmp: Path) -> list[Path]:
@@ -51,7 +51,7 @@ def row(name: str, vocab: int, f: dict[str, float]) -> str:
 
 def measure(path: Path, threads: int, max_tokens: int, reps: int) -> str:
     from specllama import ConstraintSpec, SamplingParams, SpeculativeDecoder
-    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts
 
     dec = SpeculativeDecoder.load(path, "lookup", n_ctx=2048, n_threads=threads)
     try:

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import Spread, add_pair_options, machine, model_flags, parser, run
-from bench.processes import Serve
+from bench.lib.common import Spread, add_pair_options, machine, model_flags, parser, run
+from bench.lib.processes import Serve
 
 WORDS = ("the river city council market morning garden library evening station winter "
          "harbour bridge teacher student letter window summer mountain village kitchen "

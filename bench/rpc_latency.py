@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import SPECLLAMA, add_run_options, parser, run
-from bench.processes import RpcServer
+from bench.lib.common import SPECLLAMA, add_run_options, parser, run
+from bench.lib.processes import RpcServer
 
 RATIOS = (2, 3, 5, 8)  # T(k)/T(1) reported
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Spread, parser, ratios, run
+from bench.lib.common import Spread, parser, ratios, run
 
 
 @dataclass

@@ -52,10 +52,10 @@ from typing import Any
 
 import httpx
 
-from bench.common import add_pair_options, machine, model_flags, parser, run
-from bench.processes import RpcServer, Serve
-from bench.soak_report import summarize, summary_lines
-from bench.soak_requests import Run, client, plan
+from bench.lib.common import add_pair_options, machine, model_flags, parser, run
+from bench.lib.processes import RpcServer, Serve
+from bench.lib.soak_report import summarize, summary_lines
+from bench.lib.soak_requests import Run, client, plan
 
 RPC_TIMEOUT_S = 10
 

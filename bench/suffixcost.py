@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.common import Spread, parser, percentile, run
+from bench.lib.common import Spread, parser, percentile, run
 from specllama.engine.drafting.lookup import LookupDrafter
 from specllama.engine.drafting.suffixcache import SuffixArchive
 
@@ -70,7 +70,7 @@ def lookups(archive: SuffixArchive, docs: list[np.ndarray], n: int,
         draft.index.sync(text[:-1])  # the index is incremental: only the round counts
         t = time.perf_counter()
         draft.has_match(text)
-        draft.chain(text, 8)
+        draft.continuation(text, 8)
         times[hit].append((time.perf_counter() - t) * 1e6)
     return times
 

@@ -15,6 +15,7 @@ from importlib.metadata import version as _installed_version
 from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic")
 from .engine.constraint import ConstraintSpec
 from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
+from .engine.drafting.chain import Drafters
 from .engine.loop.events import (
     DraftProposed,
     Event,
@@ -52,6 +53,7 @@ __all__ = [
     "ConstraintSpec",
     "ContextOverflowError",
     "DraftDerivationError",
+    "Drafters",
     "DraftProposed",
     "Event",
     "Finished",

@@ -5,8 +5,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from simulated import outcome
 
+from bench.lib.simulated import outcome
 from specllama.errors import InvalidParameterError
 from specllama.policy import AutoDraftLength, AutoState, AutoTuning
 from specllama.policy.acceptance import AcceptanceEstimate

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
-from specllama.cli.bench import (
+from specllama.cli.bench_command import (
     BenchPrompt,
     bench_command,
     builtin_prompts,
@@ -47,7 +47,7 @@ def test_parse_modes_with_their_own_drafters():
     assert (modes[1].draft_max, modes[1].drafters) == ("auto", ("lookup>model",))
     assert (modes[2].draft_max, modes[2].drafters) == (4, ("lookup", "model"))
     assert modes[3].drafters is None  # the run's --drafters
-    assert modes[4].suffix_cache is False and modes[4].drafters == ("lookup",)
+    assert modes[4].draft_cache is False and modes[4].drafters == ("lookup",)
     for bad in ("auto@", "auto@magic", "2@model+model", "auto@lookup>model+model"):
         with pytest.raises(InvalidParameterError):
             parse_modes(bad)

@@ -5,8 +5,8 @@ the best fixed draft length on two laptop workloads."""
 import pytest
 
 from bench import laptop
+from bench.lib.simulated import Machine, fixed_speedups, simulate, texts_for
 from specllama.policy import FixedDraftLength
-from tests.simulated import Machine, fixed_speedups, simulate, texts_for
 
 
 def test_a_curve_is_linear_between_measured_batch_sizes_and_keeps_what_was_measured():

@@ -4,7 +4,7 @@ the llama.cpp of llama-cpp-python 0.3.36, and the summary."""
 import pytest
 
 from bench import llamacpp as lcpp
-from bench.llamacpp_build import corpus_texts, no_amx_flags, numbers
+from bench.lib.llamacpp_build import corpus_texts, no_amx_flags, numbers
 
 # The end of llama-speculative-simple's stderr (SmolLM2-135M Q4_1 drafted by its Q4_0,
 # -n 16 --spec-draft-n-max 3 --temp 0, -t 2 on a busy 2-core machine, hence the speed).

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from bench import soak
-from bench.soak_report import summarize, summary_lines
-from bench.soak_requests import KINDS, WORDS, Outcome, Run, Spec, body, plan, read_stream
+from bench.lib.soak_report import summarize, summary_lines
+from bench.lib.soak_requests import KINDS, WORDS, Outcome, Run, Spec, body, plan, read_stream
 
 
 def test_the_request_mix_is_reproducible_and_varied():

@@ -25,8 +25,8 @@ from specllama import (
     TokensAccepted,
 )
 from specllama.cli.chat import ChatREPL, ChatSession, parse_setting
-from specllama.cli.options import RunSettings
 from specllama.engine.settings import LIVE_SETTINGS
+from specllama.loading import RunSettings
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|\r")
@@ -581,7 +581,7 @@ def test_the_remote_decoder_keeps_the_engine_process_caches_in_step(tiny_target,
     stream, each model's cache cut back alone, the cache report, p_min, the comparison."""
     from specllama import SamplingParams
     from specllama.cli.chat.remote import RemoteDecoder
-    from specllama.cli.options import RunOptions
+    from specllama.loading import RunOptions
     from specllama.policy.compare import Comparison
 
     remote = RemoteDecoder(RunOptions(target=str(tiny_target), draft=str(tiny_draft),

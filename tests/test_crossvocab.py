@@ -53,8 +53,8 @@ def dec(gemma_f32, smollm2_path, tmp_path_factory):
 
 
 def test_the_pair_loads_as_a_cross_vocabulary_pair(dec):
-    assert isinstance(dec.drafter, CrossVocabDraft)
-    vmap = dec.drafter.vmap
+    assert isinstance(dec.draft_model, CrossVocabDraft)
+    vmap = dec.draft_model.vmap
     # Most of SmolLM2's tokens are spelt by one Gemma token ('Ġthe' and '▁the' alike).
     assert 0.85 < vmap.share < 1.0
     for d, t in zip(vmap.draft_ids[::997], vmap.target_ids[::997]):
@@ -68,7 +68,7 @@ def test_greedy_output_equals_the_target_alone(dec, gemma_f32):
         base = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=0)
         for k, mode in ((1, "model"), (3, "model"), (4, "hybrid"), ("auto", "hybrid")):
             spec = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=k,
-                                drafters=mode, suffix_cache=False)
+                                drafters=mode, draft_cache=False)
             if spec.tokens != base.tokens:  # only a tie may go either way
                 j = next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)
                 probe.clear()
@@ -82,12 +82,12 @@ def test_the_draft_cache_is_its_own_tokenization_of_the_text_after_every_round(d
     """After each round, brought up to the committed text as its next draft does, the
     draft model's cache holds exactly its tokenizer's reading of that text (re-tokenized
     from a little before the change, never from the start), and llama.cpp agrees."""
-    drafter = dec.drafter
+    drafter = dec.draft_model
     for prompt in PROMPTS:
         committed = dec.tokenize(prompt)
         rounds = 0
         for event in dec.stream(prompt, max_tokens=48, sampling=SamplingParams(0.8, seed=3),
-                                draft_max=3, drafters="model", suffix_cache=False):
+                                draft_max=3, drafters="model", draft_cache=False):
             if isinstance(event, (TokensAccepted, TargetToken)):
                 committed += list(event.tokens) if isinstance(event, TokensAccepted) \
                     else [event.token]
@@ -109,7 +109,7 @@ def test_the_draft_cache_is_its_own_tokenization_of_the_text_after_every_round(d
 
 def test_sampled_generation_drafts_and_accepts(dec):
     out = dec.generate(PROMPTS[0], max_tokens=96, sampling=SamplingParams(0.8, seed=1),
-                       draft_max=3, drafters="model", suffix_cache=False)
+                       draft_max=3, drafters="model", draft_cache=False)
     assert out.stats.drafted > 30
     assert 0.2 < out.stats.acceptance_rate < 0.95
 
@@ -164,7 +164,7 @@ def test_greedy_past_the_sliding_window_equals_the_target_alone(gemma_f32):
         greedy = SamplingParams(temperature=0.0)
         alone = dec.generate(prompt, max_tokens=48, sampling=greedy, draft_max=0)
         spec = dec.generate(prompt, max_tokens=48, sampling=greedy, draft_max=6,
-                            drafters=("lookup",), suffix_cache=False)
+                            drafters=("lookup",), draft_cache=False)
         assert spec.stats.drafted > spec.stats.accepted > 0  # it cut back past the window
         assert dec.target.pos_min() == 0
         assert spec.tokens == alone.tokens

@@ -99,7 +99,7 @@ def sampled_joint(dec, prompt, params: SamplingParams, n: int, runs: int,
         s = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
         rounds = 0
         for ev in dec.stream(prompt, max_tokens=n, sampling=s, draft_max=3, keep_cache=True,
-                             suffix_cache=False, **kwargs):
+                             draft_cache=False, **kwargs):
             if isinstance(ev, RoundVerified):
                 if model_rounds is not None and ev.source == "model" and ev.k:
                     model_rounds[rounds] += 1
@@ -124,10 +124,10 @@ def first_tokens(counts: dict) -> dict:
 
 def test_the_pair_drafts_through_an_intersection_of_different_tokenizers(cross, own_cache):
     dec, _, _ = cross
-    assert dec.cross_vocab and isinstance(dec.drafter, CrossVocabDraft)
+    assert dec.cross_vocab and isinstance(dec.draft_model, CrossVocabDraft)
     vmap = VocabMap.build(dec.target, dec.draft)
-    assert np.array_equal(vmap.draft_ids, dec.drafter.vmap.draft_ids)
-    assert np.array_equal(vmap.target_ids, dec.drafter.vmap.target_ids)
+    assert np.array_equal(vmap.draft_ids, dec.draft_model.vmap.draft_ids)
+    assert np.array_equal(vmap.target_ids, dec.draft_model.vmap.target_ids)
     assert 0.5 < vmap.share < 0.9  # 375 of the draft's 539 tokens spell a target token
     for d, t in zip(vmap.draft_ids, vmap.target_ids):
         assert dec.draft.piece(int(d)) == dec.target.piece(int(t))
@@ -170,7 +170,7 @@ def test_first_two_tokens_without_filters_follow_the_target_distribution(cross):
     exact = exact_joint(probe, prompt, T1, 2)
     counts, drafted, accepted = sampled_joint(dec, prompt, T1, 2, PAIR_RUNS)
     assert accepted["model"][0] > PAIR_RUNS // 10, (drafted, accepted)
-    outside = set(range(dec.target.n_vocab)) - set(dec.drafter.vmap.target_ids.tolist())
+    outside = set(range(dec.target.n_vocab)) - set(dec.draft_model.vmap.target_ids.tolist())
     assert sum(c for key, c in counts.items() if key[0] in outside) > 20
     pvalue = goodness_of_fit(counts, exact)
     assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
@@ -188,7 +188,7 @@ def test_first_two_tokens_without_filters_follow_the_target_distribution(cross):
 def unnormalised(dec, masses: list[float]):
     """q is the draft's softmax over its whole vocabulary, read at the intersection: not
     renormalised there. (`sample` scales weights by their total: the draw is right.)"""
-    real, vmap = drafts_module.probabilities, dec.drafter.vmap
+    real, vmap = drafts_module.probabilities, dec.draft_model.vmap
 
     def wrong(logits, params):
         full = real(dec.draft.logits_row(-1), params)  # the draft model's own row
@@ -258,7 +258,7 @@ def test_greedy_output_equals_the_target_alone(cross):
         for k in (1, 2, 3, 4):
             for mode in ("model", "hybrid"):
                 spec = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=k,
-                                    drafters=mode, suffix_cache=False)
+                                    drafters=mode, draft_cache=False)
                 assert spec.tokens == alone, (text, k, mode)
                 drafted += spec.stats.drafted
                 accepted += spec.stats.accepted
@@ -274,12 +274,12 @@ def check_the_draft_cache(dec, prompt, params, mode: str) -> tuple[int, int]:
     draft, that cache is the draft tokenizer's own reading of the committed text followed
     by the drafts it decoded by their ids, and so agrees with `canonical()` up to the
     word the drafts join. Returns (rounds, model drafts checked)."""
-    drafter, model, target = dec.drafter, dec.draft, dec.target
+    drafter, model, target = dec.draft_model, dec.draft, dec.target
     committed = dec.tokenize(prompt)
     bos = [model.bos] if model.adds_bos else []
     rounds = checked = 0
     for ev in dec.stream(prompt, max_tokens=48, sampling=params, draft_max=3,
-                         drafters=mode, suffix_cache=False):
+                         drafters=mode, draft_cache=False):
         if isinstance(ev, TokensAccepted):
             committed += ev.tokens
         elif isinstance(ev, TargetToken):
@@ -345,17 +345,17 @@ def test_text_the_draft_cannot_spell_stops_drafting_not_the_generation(cross):
         alone = dec.generate(prompt, max_tokens=24, sampling=GREEDY, draft_max=0).tokens
         rounds = 0
         for ev in dec.stream(prompt, max_tokens=24, sampling=GREEDY, draft_max=3,
-                             drafters="model", suffix_cache=False):
+                             drafters="model", draft_cache=False):
             if isinstance(ev, RoundVerified):
                 rounds += 1
-                assert dec.drafter.pos_max() == len(dec.drafter.cached) - 1
+                assert dec.draft_model.pos_max() == len(dec.draft_model.cached) - 1
             elif isinstance(ev, Finished):
                 assert ev.result.tokens == alone and ev.result.stats.drafted == 0, text
-        assert rounds == 24 and dec.drafter.lost is not None
+        assert rounds == 24 and dec.draft_model.lost is not None
         # Back on text it can spell (the caches kept, cut before the byte), it drafts again.
         again = dec.generate(text, max_tokens=24, sampling=GREEDY, draft_max=3,
-                             keep_cache=True, suffix_cache=False)
-        assert again.stats.drafted > 0 and dec.drafter.lost is None
+                             keep_cache=True, draft_cache=False)
+        assert again.stats.drafted > 0 and dec.draft_model.lost is None
         assert again.tokens == dec.generate(text, max_tokens=24, sampling=GREEDY,
                                             draft_max=0).tokens
 
@@ -368,8 +368,8 @@ NO_BYTES_SCRIPT = textwrap.dedent("""
     out = {}
     for prompt in json.loads(sys.argv[3]):
         res = dec.generate(prompt, max_tokens=32, sampling=SamplingParams(temperature=0.0),
-                           draft_max=3, suffix_cache=False)
-        out[prompt] = [res.tokens, res.stats.drafted, dec.drafter.lost]
+                           draft_max=3, draft_cache=False)
+        out[prompt] = [res.tokens, res.stats.drafted, dec.draft_model.lost]
     print(json.dumps(out))
 """)
 
@@ -423,10 +423,10 @@ def test_a_sentencepiece_style_draft_drafts_and_keeps_greedy_output(
         for text in PROMPTS[:3]:
             alone = dec.generate(text, max_tokens=24, sampling=GREEDY, draft_max=0).tokens
             spec = dec.generate(text, max_tokens=24, sampling=GREEDY, draft_max=3,
-                                suffix_cache=False)
+                                draft_cache=False)
             assert spec.tokens == alone, text
             drafted += spec.stats.drafted
-        assert drafted > 0 and dec.drafter.lost is None, dec.drafter.lost
+        assert drafted > 0 and dec.draft_model.lost is None, dec.draft_model.lost
     finally:
         dec.close()
 
@@ -465,13 +465,13 @@ def test_a_draft_that_writes_a_leading_space_drafts_every_round(spm_pair, case):
     a space after its own prompt as exactly that text; it drafts every round, and greedy
     output stays the target's."""
     dec, _ = spm_pair
-    drafter, model = dec.drafter, dec.draft
+    drafter, model = dec.draft_model, dec.draft
     for text in PROMPTS[:4]:
         prompt, own = spm_prompt(dec, text, case)
         alone = dec.generate(prompt, max_tokens=32, sampling=GREEDY, draft_max=0).tokens
         rounds = drafted = 0
         stream = dec.stream(prompt, max_tokens=32, sampling=GREEDY, draft_max=3,
-                            suffix_cache=False, draft_prompt=own)
+                            draft_cache=False, draft_prompt=own)
         for ev in stream:
             if isinstance(ev, RoundVerified):
                 rounds += 1
@@ -512,7 +512,7 @@ def test_a_draft_that_writes_a_leading_space_keeps_the_target_distribution(spm_p
     counts, drafted, accepted = sampled_joint(dec, prompt, T1, 2, PAIR_RUNS,
                                               draft_prompt=own)
     assert accepted["model"][0] > PAIR_RUNS // 10, (drafted, accepted)
-    outside = set(range(dec.target.n_vocab)) - set(dec.drafter.vmap.target_ids.tolist())
+    outside = set(range(dec.target.n_vocab)) - set(dec.draft_model.vmap.target_ids.tolist())
     assert sum(c for key, c in counts.items() if key[0] in outside) > 20
     pvalue = goodness_of_fit(counts, exact_joint(probe, prompt, T1, 2))
     assert pvalue > 1e-3, f"temperature 1: p-value {pvalue:.2e}"
@@ -542,16 +542,16 @@ def test_ctrl_c_inside_the_drafts_decode_leaves_every_cache_consistent(cross, mo
 
         monkeypatch.setattr(type(dec.draft), "decode", decode)
         stream = dec.stream(text, max_tokens=32, sampling=GREEDY, draft_max=3,
-                            suffix_cache=False)
+                            draft_cache=False)
         with pytest.raises(KeyboardInterrupt):
             for _ in stream:
                 pass
         monkeypatch.setattr(type(dec.draft), "decode", real)
         history = dec.tokenize(text) + list(stream.result.tokens)
-        report = cache_report(history[:-1], dec.target, dec.drafter)
+        report = cache_report(history[:-1], dec.target, dec.draft_model)
         assert report.consistent, (nth, report)
         again = dec.generate(text, max_tokens=32, sampling=GREEDY, draft_max=3,
-                             keep_cache=True, suffix_cache=False)
+                             keep_cache=True, draft_cache=False)
         assert again.tokens == alone, nth
 
 
@@ -579,22 +579,22 @@ def test_the_draft_reads_the_conversation_in_its_own_template(templated):
     prompt = dec.target.prompt("the cat sat on the", chat=True)
     own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
     assert own == dec.draft.prompt("the cat sat on the", chat=True)
-    assert 3 in own and own != dec.drafter.canonical()  # its <|im_start|>, its layout
+    assert 3 in own and own != dec.draft_model.canonical()  # its <|im_start|>, its layout
     alone = dec.generate(prompt, max_tokens=24, sampling=GREEDY, draft_max=0).tokens
     for k in (1, 3):
         stream = dec.stream(prompt, max_tokens=24, sampling=GREEDY, draft_max=k,
-                            suffix_cache=False, draft_prompt=own)
+                            draft_cache=False, draft_prompt=own)
         rounds = 0
         for ev in stream:
             if isinstance(ev, RoundVerified):
                 rounds += 1
-                drafter = dec.drafter
+                drafter = dec.draft_model
                 assert drafter.pos_max() == len(drafter.cached) - 1
                 if drafter.model.cached:  # always its prompt first, never the target's
                     assert drafter.model.cached[: len(own)] == own[: len(drafter.model.cached)]
         assert stream.result.tokens == alone and stream.result.stats.drafted > 0
         # Brought up to the text, the draft holds its prompt, then its reading of the reply.
-        d = dec.drafter
+        d = dec.draft_model
         history = prompt + stream.result.tokens
         n = len(history) - 1
         kept = min(d.sync_to(history[:n]), n - 1)  # it may lag; read the last row anew
@@ -610,7 +610,7 @@ def test_a_later_turn_reuses_the_drafts_reading_of_the_earlier_one(templated):
     first = dec.target.prompt("the cat sat on the", chat=True)
     own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
     out = dec.generate(first, max_tokens=12, sampling=GREEDY, draft_max=3,
-                       suffix_cache=False, draft_prompt=own)
+                       draft_cache=False, draft_prompt=own)
     # The next turn's prompt starts with this one (a chat's history): the draft decodes
     # only what its own rendering adds, not the conversation again.
     second = first + out.tokens + dec.target.tokenize("<|im_start|>user\nmore<|im_end|>\n"
@@ -621,10 +621,10 @@ def test_a_later_turn_reuses_the_drafts_reading_of_the_earlier_one(templated):
                            add_bos=False)
     before = dec.draft.tokens_evaluated
     again = dec.generate(second, max_tokens=12, sampling=GREEDY, draft_max=3, keep_cache=True,
-                         suffix_cache=False, draft_prompt=own2)
+                         draft_cache=False, draft_prompt=own2)
     assert again.tokens == dec.generate(second, max_tokens=12, sampling=GREEDY,
                                         draft_max=0).tokens
-    assert dec.drafter.model.cached[: len(own2)] == own2[: len(dec.drafter.model.cached)]
+    assert dec.draft_model.model.cached[: len(own2)] == own2[: len(dec.draft_model.model.cached)]
     decoded = dec.draft.tokens_evaluated - before
     assert decoded < len(own2) // 2 + 3 * again.stats.target_steps, (decoded, len(own2))
 
@@ -645,7 +645,7 @@ def test_sampled_output_with_the_drafts_own_prompt_follows_the_target(templated,
 
 def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(templated):
     from specllama.cli.chat.session import ChatSession
-    from specllama.cli.options import RunSettings
+    from specllama.loading import RunSettings
 
     dec = templated
     session = ChatSession(dec, RunSettings(temperature=0.0, max_tokens=10, draft_max=3,
@@ -655,7 +655,7 @@ def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(template
         assert isinstance(events[-1], Finished)
         own = dec.draft.tokenize_chat(dec.draft.format_chat(session.chat_messages()[:-1]))
         # the draft read this turn's conversation in its own template
-        assert dec.drafter.model.cached[: len(own)] == own
+        assert dec.draft_model.model.cached[: len(own)] == own
         assert session.cache_report().consistent
     assert [m.role for m in session.messages] == ["user", "assistant"] * 2
 
@@ -663,7 +663,7 @@ def test_a_chat_session_gives_the_draft_its_own_rendering_of_every_turn(template
 def test_the_server_renders_each_request_in_the_drafts_own_template(templated):
     """serve's parent tokenizes a chat request with the target's template and sends its
     turns along; the engine process renders them in the draft's."""
-    from specllama.server.jobs import Engine, Order
+    from specllama.server.jobs import Order, Slot
     from specllama.server.prompts import Defaults, build_work
     from specllama.server.schema import ChatRequest
 
@@ -672,9 +672,9 @@ def test_the_server_renders_each_request_in_the_drafts_own_template(templated):
         {"role": "user", "content": "the cat sat on the"}], "temperature": 0, "max_tokens": 12})
     work = build_work(dec.target, dec.n_ctx, Defaults(SamplingParams(), 12), req)
     assert work.turns == (("user", "the cat sat on the"),)
-    outcome = Engine(dec).run(Order(1, work, "end", 3, ("model",)), lambda e: None, lambda: False)
+    outcome = Slot(dec).run(Order(1, work, "end", 3, ("model",)), lambda e: None, lambda: False)
     assert outcome.failure is None
     own = dec.draft_prompt_for([{"role": "user", "content": "the cat sat on the"}])
-    assert dec.drafter.model.cached[: len(own)] == own
+    assert dec.draft_model.model.cached[: len(own)] == own
     alone = dec.generate(work.tokens, max_tokens=12, sampling=GREEDY, draft_max=0)
     assert outcome.result.tokens == alone.tokens

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from specllama.cli import cli
-from specllama.cli.bench.report import verdict
+from specllama.cli.bench_command.report import verdict
 from specllama.engine.loop.stats import Stats
 from specllama.policy import cpumeter
 from specllama.policy.calibration import CostCurve
@@ -169,7 +169,7 @@ def test_threads_use_the_free_cores(busy, cores, threads):
 
 def test_the_default_thread_count_follows_the_free_cpu(run, tiny_target, tiny_draft,
                                                        meter_says, monkeypatch):
-    monkeypatch.setattr("specllama.cli.options.cores", lambda: 2)
+    monkeypatch.setattr("specllama.loading.cores", lambda: 2)
     args = ["generate", "Hello", "--target", tiny_target, "--draft", tiny_draft, "--n-ctx", 256,
             "--raw", "--json", "--max-tokens", 3, "--draft-max", 0]
     meter_says(0.55)  # another process keeps one core of two busy

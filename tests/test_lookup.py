@@ -20,7 +20,7 @@ from specllama import (
     TokensAccepted,
 )
 from specllama.engine.drafting.base import Draft, Start
-from specllama.engine.drafting.chain import DraftChain, build_chain
+from specllama.engine.drafting.chain import DraftChain, Drafters, build_chain
 from specllama.engine.drafting.lookup import LookupDrafter
 from specllama.engine.drafting.model import ModelDrafter
 from specllama.engine.drafting.ngram import NgramIndex
@@ -273,8 +273,8 @@ def dec_lookup(tiny_target):
 
 
 def chain_of(names, dec):
-    return build_chain(names, model=dec.drafter, p_min=0.0, ends=dec.target.is_eog,
-                       shadow=True, archives=())
+    return build_chain(Drafters.parse(names) if names else Drafters(), model=dec.draft_model,
+                       p_min=0.0, ends=dec.target.is_eog, shadow=True, archives=())
 
 
 def test_drafters_by_name(dec, dec_lookup):
@@ -300,15 +300,19 @@ def test_drafters_by_name(dec, dec_lookup):
 
 def test_the_default_drafters_are_lookup_then_the_model(dec, tiny_target):
     """Lookup where the text repeats itself, the draft model elsewhere; without a draft
-    model the target decodes alone unless told to look up."""
+    model lookup alone, as on the command line (one rule: Drafters.default); () is the
+    target alone."""
     assert dec.default_drafters == ("lookup", "model")
     sources = {e.source for e in dec.stream(REPETITIVE[1], max_tokens=40, sampling=GREEDY,
                                             draft_max=4) if isinstance(e, DraftProposed)}
     assert sources == {"lookup", "model"}
     alone = SpeculativeDecoder.load(tiny_target, n_ctx=256, n_threads=1)
     try:
-        assert alone.default_drafters == ()
-        assert alone.generate(REPETITIVE[0], max_tokens=8, draft_max=4).stats.drafted == 0
+        assert alone.default_drafters == ("lookup",) == Drafters.default("none")
+        assert alone.generate(REPETITIVE[0], max_tokens=30, sampling=GREEDY,
+                              draft_max=4).stats.drafted > 0
+        assert alone.generate(REPETITIVE[0], max_tokens=8, draft_max=4,
+                              drafters=()).stats.drafted == 0
     finally:
         alone.close()
 
@@ -351,7 +355,7 @@ def test_greedy_output_equals_target_alone(dec, tiny_target, mode, k):
         spec_tokens, res = [], None
         # (the suffix cache would copy the run just made whole: tests/test_suffixcache.py)
         for ev in dec.stream(prompt, max_tokens=40, sampling=GREEDY, draft_max=k, drafters=mode,
-                             suffix_cache=False):
+                             draft_cache=False):
             if isinstance(ev, DraftProposed):
                 sources.add(ev.source)
             if isinstance(ev, Finished):
@@ -393,7 +397,7 @@ def test_a_model_fed_guesses_drafts_what_it_would_alone(dec, shift):
 
     def run(feeder):
         dec.reset()
-        drafter = ModelDrafter(dec.drafter, feeder=feeder, feed="verify")
+        drafter = ModelDrafter(dec.draft_model, feeder=feeder, feed="verify")
         drafter.begin(Start(prompt, True, Lengths(6)))
         before = dec.draft.decode_calls
         tokens = drafter.draft(ask(prompt, 6)).tokens

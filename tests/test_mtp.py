@@ -21,9 +21,9 @@ from test_parallel import at_once
 import specllama.engine.sampling as sampling_module
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.cli.options import measure_costs
 from specllama.engine.llama import Model
 from specllama.engine.llama.mtp import MtpDraft
+from specllama.loading import measure_costs
 from specllama.server.jobs import Order
 from specllama.server.prompts import Work
 from specllama.server.slots import Slots
@@ -101,13 +101,13 @@ def test_mtp_under_parallel_slots(mtp_target, dec):
     orders = [Order(i, Work("completion", p, 32, GREEDY, ()), "all", 3, ("lookup", "mtp"))
               for i, p in enumerate(prompts)]
     decoder = SpeculativeDecoder(Model(mtp_target, n_ctx=512, n_threads=1, n_seq=2))
-    slots = Slots(decoder, 2, lambda: measure_costs(decoder, "auto", False, lambda _: None))
+    slots = Slots(decoder, lambda: measure_costs(decoder, "auto", False, lambda _: None))
     try:
         slots.prepare()
         outcomes = at_once(slots, orders)
         assert [o.result.tokens for o in outcomes] == expected
         assert sum(o.result.stats.origin_drafted.get("mtp", 0) for o in outcomes) > 0
-        for engine in slots.engines:
+        for engine in slots.slots:
             assert isinstance(engine.decoder.draft, MtpDraft)
             view = engine.decoder.target
             assert view.pos_max() + 1 == len(view.cached)
@@ -148,16 +148,16 @@ def test_chat_with_an_engine_process_drafts_with_mtp_too(mtp_target):
     """Chat's decoder in an engine process (a remote target's chat) knows the draft is
     the target's MTP layers: `/set drafters mtp` is taken, and the drafts are MTP's."""
     from specllama.cli.chat.remote import RemoteDecoder
-    from specllama.cli.options import RunOptions
-    from specllama.engine.drafting.chain import check_drafters, slot_of
+    from specllama.engine.drafting.chain import Drafters, draft_kind
+    from specllama.loading import RunOptions
 
     remote = RemoteDecoder(RunOptions(target=str(mtp_target),
                                       flags=(("threads", 1), ("n_ctx", 256))))
     try:
-        assert slot_of(remote.draft) == "mtp"
-        assert check_drafters("mtp", slot_of(remote.draft)) == ("mtp",)
+        assert draft_kind(remote.draft) == "mtp"
+        assert Drafters.parse("mtp").check(draft_kind(remote.draft)) == ("mtp",)
         with pytest.raises(InvalidParameterError, match="name mtp instead"):
-            check_drafters("model", slot_of(remote.draft))
+            Drafters.parse("model").check(draft_kind(remote.draft))
         tokens = remote.target.tokenize("the cat sat on the", add_bos=True, special=True)
         stream = remote.stream(tokens, max_tokens=16, sampling=GREEDY, draft_max=3,
                                drafters=("mtp",))

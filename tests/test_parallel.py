@@ -29,10 +29,10 @@ from specllama import (
     TokensAccepted,
 )
 from specllama.cli import cli
-from specllama.cli.options import measure_costs
 from specllama.engine.constraint import ConstraintSpec
 from specllama.engine.llama import Model
 from specllama.engine.llama.batched import Batcher, SeqView
+from specllama.loading import measure_costs
 from specllama.server.jobs import Order, Outcome
 from specllama.server.prompts import Work
 from specllama.server.slots import Slots
@@ -53,7 +53,7 @@ def parallel(target, draft, n: int, cache_bytes: int = 0) -> Iterator[Slots]:
     """n slots over models loaded with n sequences, as `serve --parallel n` makes them
     (auto's costs measured first)."""
     decoder = load(target, draft, n)
-    slots = Slots(decoder, n, lambda: measure_costs(decoder, "auto", False, lambda _: None),
+    slots = Slots(decoder, lambda: measure_costs(decoder, "auto", False, lambda _: None),
                   cache_bytes)
     try:
         slots.prepare()
@@ -105,7 +105,7 @@ def assert_batched(batches: list[tuple[bool, int]], at_least: float = 0.0) -> No
 
 
 def views(slots: Slots) -> list[Model]:
-    return [m for e in slots.engines for m in (e.decoder.target, e.decoder.draft)]
+    return [m for e in slots.slots for m in (e.decoder.target, e.decoder.draft)]
 
 
 def assert_caches_consistent(slots: Slots) -> None:
@@ -185,7 +185,7 @@ def sampled_setup(tiny_target, tiny_draft):
     exact = [exact_first_two(probe, p, params) for p in prompts]
     probe.close()
     with parallel(tiny_target, tiny_draft, 2) as slots:
-        for engine in slots.engines:
+        for engine in slots.slots:
             engine.decoder.p_min = 0.0
         yield slots, prompts, params, exact
 
@@ -224,7 +224,7 @@ def run_on(slots: Slots, seq: int, order: Order) -> Outcome:
     """An order on slot `seq`, chosen here rather than by Slots.run (as Slots.run runs it)."""
     assert slots.batcher is not None
     with slots.batcher.active(seq):
-        outcome = slots.engines[seq].run(order, lambda e: None, lambda: False)
+        outcome = slots.slots[seq].run(order, lambda e: None, lambda: False)
     assert outcome.failure is None, outcome.failure
     return outcome
 
@@ -239,7 +239,7 @@ def test_a_request_on_one_slot_leaves_the_other_slots_cache_intact(tiny_target, 
     with parallel(tiny_target, tiny_draft, 2) as slots, ThreadPoolExecutor(2) as pool:
         first_a, first_b = pool.map(run_on, [slots] * 2, [0, 1], [order(1, a), order(2, b)])
         assert_caches_consistent(slots)
-        slot_b = slots.engines[1].decoder
+        slot_b = slots.slots[1].decoder
         kept = slot_b.target.save_state(), slot_b.draft.save_state()
         more = a + first_a.result.tokens + alone.target.tokenize(" the cat", add_bos=False)
         for i, prompt in enumerate([more, a, more]):
@@ -387,7 +387,7 @@ def test_a_forced_run_longer_than_a_sequences_share_of_the_batch_is_verified_ove
     spec = ConstraintSpec("regex", forced + " [a-z ]{1,8}")
     decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=512, n_threads=1, n_seq=4, n_batch=64),
                                  Model(tiny_draft, n_ctx=512, n_threads=1, n_seq=4))
-    slots = Slots(decoder, 4)
+    slots = Slots(decoder)
     try:
         slots.prepare()
         work = Work("completion", decoder.tokenize("Hello world"), 80, GREEDY, (),

@@ -15,10 +15,10 @@ from specllama.engine.drafting.draftcache import DraftCache
 
 def test_a_slot_drafts_from_what_another_slot_answered(tiny_target, tiny_draft):
     with parallel(tiny_target, tiny_draft, 2) as slots:
-        prompt = slots.engines[0].decoder.tokenize(PROMPTS[0])
+        prompt = slots.slots[0].decoder.tokenize(PROMPTS[0])
         first = run_on(slots, 0, order(1, prompt, draft_max=0))
         rounds: list[RoundVerified] = []
-        engine = slots.engines[1]
+        engine = slots.slots[1]
         assert slots.batcher is not None
         with slots.batcher.active(1):
             again = engine.run(order(2, prompt, draft_max=4),
@@ -36,13 +36,13 @@ def test_answers_joining_a_small_history_while_others_read_it_change_no_answer(
     cases = [PROMPTS[i % len(PROMPTS)] for i in range(9)]
     alone = load(tiny_target, tiny_draft)
     expected = [alone.generate(p, max_tokens=48, sampling=GREEDY, draft_max=3,
-                               drafters=("lookup",), suffix_cache=False).tokens for p in cases]
+                               drafters=("lookup",), draft_cache=False).tokens for p in cases]
     prompts = [alone.tokenize(p) for p in cases]
     alone.close()
     with parallel(tiny_target, tiny_draft, 3) as slots:
         shared = DraftCache(max_tokens=200)
-        for engine in slots.engines:
-            engine.decoder.suffix_cache = shared
+        for engine in slots.slots:
+            engine.decoder.draft_cache = shared
         orders = [dataclasses.replace(order(i, p), drafters=("lookup",))
                   for i, p in enumerate(prompts)]
         outcomes = at_once(slots, orders)

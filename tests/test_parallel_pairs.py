@@ -13,10 +13,9 @@ from test_parallel import DRAFTERS, at_once, order
 
 from specllama import SpeculativeDecoder
 from specllama.cli import cli
-from specllama.cli.options import RunOptions
-from specllama.cli.serve import load_engine
 from specllama.engine.drafting.crossvocab import CrossVocabDraft
 from specllama.engine.llama import Model
+from specllama.loading import RunOptions, serve_engine
 from specllama.paths import CACHE_ENV_VAR
 from specllama.server.slots import Slots
 
@@ -35,7 +34,7 @@ def at_once_and_alone(target, draft, draft_max, **kwargs) -> tuple[list, list, S
                                drafters=DRAFTERS).tokens for p in prompts]
     alone.close()
     decoder = load(target, draft, 3, **kwargs)
-    slots = Slots(decoder, 3)
+    slots = Slots(decoder)
     try:
         slots.prepare()
         outcomes = at_once(slots, [order(i, p, max_tokens=40, draft_max=draft_max)
@@ -52,8 +51,8 @@ def test_a_cross_vocabulary_pair_serves_requests_at_once_as_alone(tiny_target,
     draft = tiny_model_factory(seed=0, **DRAFT)
     expected, got, slots = at_once_and_alone(tiny_target, draft, 3, cross_vocab=True)
     assert got == expected
-    assert all(isinstance(e.decoder.drafter, CrossVocabDraft) for e in slots.engines)
-    drafted = [e.decoder.draft.tokens_evaluated for e in slots.engines]
+    assert all(isinstance(e.decoder.draft_model, CrossVocabDraft) for e in slots.slots)
+    drafted = [e.decoder.draft.tokens_evaluated for e in slots.slots]
     assert sum(drafted) > 0, "the draft model never drafted"
 
 
@@ -66,7 +65,7 @@ def test_serve_drafts_ahead_on_the_threads_it_is_given(tiny_target, tiny_draft):
     for given, expected in ((1, 1), ("auto", 0)):
         run = RunOptions(target=str(tiny_target), draft=str(tiny_draft),
                          flags=(("threads", 2), ("draft_threads", given)))
-        decoder, _, settings = load_engine(run, False)
+        decoder, _, settings = serve_engine(run, False)
         try:
             assert decoder.draft_threads == expected and settings.draft_threads == expected
         finally:

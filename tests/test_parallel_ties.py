@@ -20,8 +20,8 @@ import numpy as np
 from drafts import GREEDY
 
 from specllama import SpeculativeDecoder
-from specllama.cli.options import measure_costs
 from specllama.engine.llama import Model
+from specllama.loading import measure_costs
 from specllama.server.jobs import Order
 from specllama.server.prompts import Work
 from specllama.server.slots import Slots
@@ -51,7 +51,7 @@ def test_a_long_stream_beside_another_differs_from_alone_only_at_a_near_tie(
         tiny_target, tiny_draft):
     decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=N_CTX, n_threads=1, n_seq=2),
                                  Model(tiny_draft, n_ctx=N_CTX, n_threads=1, n_seq=2))
-    slots = Slots(decoder, 2, lambda: measure_costs(decoder, "auto", False, lambda _: None))
+    slots = Slots(decoder, lambda: measure_costs(decoder, "auto", False, lambda _: None))
     prompt = decoder.tokenize("a b c d e f g")
 
     def order(i: int, tokens: list[int], n: int) -> Order:

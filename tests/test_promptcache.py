@@ -11,7 +11,7 @@ from servers import ServerProcess
 
 from specllama import SpeculativeDecoder
 from specllama.engine.llama import Model
-from specllama.server.jobs import Engine, Order
+from specllama.server.jobs import Order, Slot
 from specllama.server.promptcache import MIN_GAIN, PromptCache, shared
 from specllama.server.prompts import Work
 
@@ -53,7 +53,7 @@ def decoder(tiny_target, tiny_draft):
     dec.close()
 
 
-def run(engine: Engine, tokens: list[int], max_tokens: int = 16):
+def run(engine: Slot, tokens: list[int], max_tokens: int = 16):
     work = Work("completion", tokens, max_tokens, GREEDY, ())
     outcome = engine.run(Order(1, work, "end", 3, ("lookup", "model")), lambda e: None,
                          lambda: False)
@@ -63,7 +63,7 @@ def run(engine: Engine, tokens: list[int], max_tokens: int = 16):
 
 def test_two_conversations_taking_turns_are_not_evaluated_again(decoder, tiny_target,
                                                                  tiny_draft):
-    engine = Engine(decoder, cache_bytes=64 << 20)
+    engine = Slot(decoder, cache_bytes=64 << 20)
     a, b = decoder.tokenize(text(3, 150)), decoder.tokenize(text(4, 150))
     first_a = run(engine, a)
     run(engine, b)
@@ -85,7 +85,7 @@ def test_two_conversations_taking_turns_are_not_evaluated_again(decoder, tiny_ta
 
 
 def test_without_the_cache_the_text_is_evaluated_again(decoder):
-    engine = Engine(decoder, cache_bytes=0)
+    engine = Slot(decoder, cache_bytes=0)
     a, b = decoder.tokenize(text(3, 150)), decoder.tokenize(text(4, 150))
     run(engine, a)
     run(engine, b)
@@ -95,13 +95,13 @@ def test_without_the_cache_the_text_is_evaluated_again(decoder):
 
 def test_copies_stay_within_the_limit_least_recently_used_out_first(decoder):
     prompts = [decoder.tokenize(text(10 + i, 120)) for i in range(4)]
-    run(Engine(decoder, cache_bytes=1 << 30), prompts[0], max_tokens=1)
+    run(Slot(decoder, cache_bytes=1 << 30), prompts[0], max_tokens=1)
     one = decoder.target.save_state()
     draft_one = decoder.draft.save_state()
     # room for two copies of both models' caches, not three
     limit = int(2.5 * (len(one.data) + len(draft_one.data)))
     cache = PromptCache(limit)
-    engine = Engine(decoder, cache_bytes=limit)
+    engine = Slot(decoder, cache_bytes=limit)
     engine.prompt_cache = cache
     for p in prompts:
         run(engine, p, max_tokens=1)
@@ -115,7 +115,7 @@ def test_copies_stay_within_the_limit_least_recently_used_out_first(decoder):
 
 
 def test_a_copy_of_a_prefix_of_another_is_not_kept_twice(decoder):
-    engine = Engine(decoder, cache_bytes=64 << 20)
+    engine = Slot(decoder, cache_bytes=64 << 20)
     a, b = decoder.tokenize(text(5, 120)), decoder.tokenize(text(6, 120))
     first = run(engine, a)
     run(engine, b)  # a copy of a's conversation

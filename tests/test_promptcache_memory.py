@@ -20,7 +20,7 @@ from specllama.engine.llama import KVState, Model
 from specllama.engine.llama.batched import SeqView
 from specllama.server import Defaults, ServeConfig, promptcache
 from specllama.server.app import create_app
-from specllama.server.jobs import Engine, Order
+from specllama.server.jobs import Order, Slot
 from specllama.server.prompts import Work
 from specllama.server.slots import Slots
 from specllama.server.worker import Worker
@@ -40,7 +40,7 @@ def decoder(tiny_target, tiny_draft):
     dec.close()
 
 
-def run(engine: Engine, tokens: list[int], max_tokens: int = 1) -> None:
+def run(engine: Slot, tokens: list[int], max_tokens: int = 1) -> None:
     work = Work("completion", tokens, max_tokens, GREEDY, ())
     outcome = engine.run(Order(1, work, "end", 3, ("lookup", "model")), lambda e: None,
                          lambda: False)
@@ -79,10 +79,10 @@ def test_a_states_size_is_known_before_it_is_copied(decoder, tiny_target):
     for model in (decoder.target, decoder.draft):
         assert promptcache.state_size(model) == len(model.save_state().data) > 0
     shared = Model(tiny_target, n_ctx=256, n_threads=1, n_seq=2)
-    slots = Slots(SpeculativeDecoder(shared), 2)
+    slots = Slots(SpeculativeDecoder(shared))
     try:
         slots.prepare()
-        view = slots.engines[1].decoder.target
+        view = slots.slots[1].decoder.target
         assert isinstance(view, SeqView)
         assert slots.batcher is not None
         with slots.batcher.active(1):
@@ -94,10 +94,10 @@ def test_a_states_size_is_known_before_it_is_copied(decoder, tiny_target):
 
 def test_a_copy_that_cannot_fit_is_never_made(decoder, monkeypatch):
     """A limit below one copy: the live caches are never copied (and dropped at once)."""
-    run(Engine(decoder), decoder.tokenize(text(3, 150)))
+    run(Slot(decoder), decoder.tokenize(text(3, 150)))
     one = len(decoder.target.save_state().data) + len(decoder.draft.save_state().data)
     cache = promptcache.PromptCache(one // 2)
-    engine = Engine(decoder, prompt_cache=cache)
+    engine = Slot(decoder, prompt_cache=cache)
     copies = spy_copies(decoder, cache, monkeypatch)
     for seed in (4, 5, 6):
         run(engine, decoder.tokenize(text(seed, 150)))
@@ -110,11 +110,11 @@ def test_room_is_made_before_a_copy_so_the_copies_never_pass_the_limit(decoder,
     """Room for two and a half copies: the third evicts the least recently used first, so
     the copies held while it is taken, and it, stay within the limit."""
     prompts = [decoder.tokenize(text(10 + i, 120)) for i in range(5)]
-    run(Engine(decoder), prompts[0])
+    run(Slot(decoder), prompts[0])
     one = len(decoder.target.save_state().data) + len(decoder.draft.save_state().data)
     limit = int(2.5 * one)
     cache = promptcache.PromptCache(limit)
-    engine = Engine(decoder, prompt_cache=cache)
+    engine = Slot(decoder, prompt_cache=cache)
     copies = spy_copies(decoder, cache, monkeypatch)
     for p in prompts:
         run(engine, p)
@@ -150,9 +150,9 @@ class ParallelServer:
 
     def __init__(self, target, draft, cache_bytes: int) -> None:
         models = [Model(path, n_ctx=512, n_threads=1, n_seq=2) for path in (target, draft)]
-        self.slots = Slots(SpeculativeDecoder(*models), 2, cache_bytes=cache_bytes)
+        self.slots = Slots(SpeculativeDecoder(*models), cache_bytes=cache_bytes)
         self.worker = Worker(self.slots, max_waiting=8, draft_max=3,
-                             drafters=("lookup", "model"), parallel=2)
+                             drafters=("lookup", "model"))
         config = ServeConfig("tiny", Defaults(SamplingParams(temperature=0.0), 8),
                              draft_max=3, drafters=("lookup", "model"), n_ctx=512,
                              parallel=2)
@@ -204,7 +204,7 @@ def test_a_copy_llama_cpp_refuses_is_dropped_and_the_prompt_decoded_afresh(
     figures = server.slots.figures()
     assert figures.entries == 1  # b's copy (taken as a came back); a's is gone
     assert figures.restore_failures == 1 and figures.hits == 0
-    for engine in server.slots.engines:
+    for engine in server.slots.slots:
         for view in (engine.decoder.target, engine.decoder.draft):
             assert view.pos_max() + 1 == len(view.cached)
     # No copy of a to try again: served from the live caches, the same text.

@@ -23,7 +23,7 @@ from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
 from specllama.server import Defaults, ServeConfig
 from specllama.server.app import create_app
-from specllama.server.jobs import Engine
+from specllama.server.jobs import Slot
 from specllama.server.worker import Worker
 
 PROMPT = "Hello world"
@@ -356,7 +356,7 @@ class InProcessServer:
 
     def __init__(self, decoder: SpeculativeDecoder, model: str) -> None:
         self.model, self.log = model, []
-        self.worker = Worker(Engine(decoder), max_waiting=8, draft_max=0, drafters=("lookup",),
+        self.worker = Worker(Slot(decoder), max_waiting=8, draft_max=0, drafters=("lookup",),
                              log=self.log.append)
         config = ServeConfig(model, Defaults(SamplingParams(temperature=0.0), 8),
                              draft_max=0, drafters=("lookup",), n_ctx=decoder.n_ctx)
@@ -436,7 +436,7 @@ def test_the_cost_measurement_runs_on_the_decoding_thread(tiny_target):
     start() returns only once it has."""
     decoder = SpeculativeDecoder.load(tiny_target, n_ctx=128, n_threads=1)
     seen: list[int] = []
-    engine = Engine(decoder, prepare=lambda: (time.sleep(0.2),
+    engine = Slot(decoder, prepare=lambda: (time.sleep(0.2),
                                               seen.append(threading.get_ident())))
     worker = Worker(engine, max_waiting=1, draft_max=0, drafters=("lookup",))
     try:

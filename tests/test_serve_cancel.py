@@ -32,7 +32,7 @@ from specllama.engine.loop.events import PromptProgress
 from specllama.server import Defaults, ServeConfig
 from specllama.server.app import create_app
 from specllama.server.isolation import EngineProcess
-from specllama.server.jobs import Engine, Order
+from specllama.server.jobs import Order, Slot
 from specllama.server.pipe import Cancel
 from specllama.server.promptcache import PromptCache
 from specllama.server.prompts import Work
@@ -160,7 +160,7 @@ def test_a_long_prompt_goes_in_steps_that_a_cancel_stops_between(tiny_target, ti
     decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=4096, n_threads=1),
                                  Model(tiny_draft, n_ctx=4096, n_threads=1))
     try:
-        engine = Engine(decoder)
+        engine = Slot(decoder)
         tokens = decoder.tokenize(LONG)
         seen: list[object] = []
         outcome = engine.run(order(1, tokens, 8, "all"), seen.append,
@@ -198,7 +198,7 @@ def test_prompts_in_steps_give_what_one_decode_gave(tiny_target, tiny_draft):
     assert stepped == alone(1 << 20)
     decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=4096, n_threads=1, n_seq=2),
                                  Model(tiny_draft, n_ctx=4096, n_threads=1, n_seq=2))
-    slots = Slots(decoder, 2)
+    slots = Slots(decoder)
     try:
         slots.prepare()
         tokens = decoder.tokenize(tokens_prompt)
@@ -214,7 +214,7 @@ def test_a_slot_setting_up_holds_no_other_slot_back(tiny_target, tiny_draft, mon
     generating: a batch does not wait for the share of a request that is not decoding."""
     decoder = SpeculativeDecoder(Model(tiny_target, n_ctx=1024, n_threads=1, n_seq=2),
                                  Model(tiny_draft, n_ctx=1024, n_threads=1, n_seq=2))
-    slots = Slots(decoder, 2)
+    slots = Slots(decoder)
     first: list[object] = []
     moved = threading.Event()
     prepare = PromptCache.prepare
@@ -368,11 +368,12 @@ class InProcessServer:
 
     def __init__(self, factory, vocab: Vocabulary, parallel: int) -> None:
         self.model = "tiny"
-        self.engine = EngineProcess(factory, 0, parallel)
+        self.engine = EngineProcess(factory, 0)
         self.engine.start()
         self.log: list[str] = []
+        assert self.engine.parallel == parallel  # as the models were loaded
         self.worker = Worker(self.engine, max_waiting=4, draft_max=3, drafters=("lookup",),
-                             log=self.log.append, parallel=parallel)
+                             log=self.log.append)
         config = ServeConfig(self.model, Defaults(GREEDY, 8), draft_max=3,
                              drafters=("lookup",), n_ctx=4096, parallel=parallel)
         app = create_app(self.worker, config, vocab, self.log.append)

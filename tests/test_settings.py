@@ -8,7 +8,7 @@ import pytest
 
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
-from specllama.cli.options import RunSettings, settings_markdown
+from specllama.cli.options import settings_markdown
 from specllama.engine.settings import (
     FILE_SETTINGS,
     LIVE_SETTINGS,
@@ -16,6 +16,7 @@ from specllama.engine.settings import (
     show,
     validate_setting,
 )
+from specllama.loading import RunSettings
 from specllama.models.config import load_config
 
 USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"

@@ -64,20 +64,20 @@ def test_greedy_identity_following_earlier_requests(dec, pair_paths):
     """A sequence of extraction requests of one shape, each drafting from the answers
     before it: followed replies give lookup chains and tokens spliced into model drafts,
     and every answer is still the target's own."""
-    from specllama.cli.bench.prompts import builtin_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts
 
-    dec.suffix_cache.forget_session()
+    dec.draft_cache.forget_session()
     probe = Model(pair_paths[0], n_ctx=1024, n_threads=2)
     spliced = 0
     for p in builtin_prompts("requests")[:6]:
         prompt = chat_tokens(dec, p.prompt)
         spec = dec.generate(prompt, max_tokens=64, sampling=SamplingParams(0.0), draft_max=4)
         base = dec.generate(prompt, max_tokens=64, sampling=SamplingParams(0.0), draft_max=0,
-                            suffix_cache=False)
+                            draft_cache=False)
         spliced += spec.stats.spliced_accepted
         assert_same_but_ties(probe, prompt, spec.tokens, base.tokens, p.id)
     probe.close()
-    dec.suffix_cache.forget_session()
+    dec.draft_cache.forget_session()
     assert spliced > 0  # how many depends on this CPU's draft; that it splices does not
 
 

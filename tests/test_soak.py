@@ -12,7 +12,7 @@ from specllama import (
     TokensAccepted,
 )
 from specllama.cli.chat import ChatSession, HistoryTrimmed
-from specllama.cli.options import RunSettings
+from specllama.loading import RunSettings
 
 TURNS = 36
 LINES = ["hello world", "the cat and the dog", "what is that", "tell me some more",

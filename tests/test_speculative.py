@@ -261,9 +261,14 @@ def test_incompatible_pair_names_both_files_and_the_difference(tiny_target, tiny
 
 
 def test_target_alone_without_draft_model(tiny_target):
+    """No draft model: lookup drafts, as on the command line; drafters=() (or draft_max 0)
+    is the target alone."""
     d = SpeculativeDecoder.load(tiny_target, None, n_ctx=256, p_min=0.0)
-    res = d.generate("Hello world", max_tokens=10, sampling=GREEDY, draft_max=4)
-    assert res.stats.drafted == 0 and res.stats.target_steps == len(res.tokens)
+    assert d.default_drafters == ("lookup",)
+    for alone in ({"drafters": ()}, {"draft_max": 0}):
+        res = d.generate("Hello world", max_tokens=10, sampling=GREEDY,
+                         **{"draft_max": 4, **alone})
+        assert res.stats.drafted == 0 and res.stats.target_steps == len(res.tokens)
     d.close()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specllama.engine.drafting.lookup import LookupDrafter, likeliest_chain
+from specllama.engine.drafting.lookup import LookupDrafter, likeliest_continuation
 from specllama.engine.drafting.suffixcache import (
     LONG,
     SHORT,
@@ -84,13 +84,13 @@ def test_eviction_keeps_the_most_recently_used_documents():
 
 def test_likeliest_chain_counts_agreeing_continuations():
     conts = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 4]]
-    tokens, probs, first = likeliest_chain(conts, 5)
+    tokens, probs, first = likeliest_continuation(conts, 5)
     assert tokens == [1, 2, 4]
     assert probs == pytest.approx([1.0, 3 / 4, 2 / 3])
     assert first == 1  # the first continuation agreeing to the end
-    assert likeliest_chain([], 3) == ([], [], 0)
+    assert likeliest_continuation([], 3) == ([], [], 0)
     # a tie goes to the earliest given (the most recent occurrence)
-    assert likeliest_chain([[7], [8]], 1)[0] == [7]
+    assert likeliest_continuation([[7], [8]], 1)[0] == [7]
 
 
 def test_lookup_draws_from_the_archive_with_its_origin_and_probabilities():
@@ -101,19 +101,19 @@ def test_lookup_draws_from_the_archive_with_its_origin_and_probabilities():
     draft = LookupDrafter(archives=[(history, None)])
     ctx = [1, 2, *fmt]
     assert draft.has_match(ctx) and draft.match_length() == 6
-    chain = draft.chain(ctx, 8)
+    chain = draft.continuation(ctx, 8)
     assert chain is not None and chain.origin == "session"
     # 20 follows the format in 2 of 4, then 16 17 always; k capped at 6 - 3 + 1 = 4
     assert chain.tokens == [20, 16, 17, 18] and chain.probs == pytest.approx([0.5, 1, 1, 1])
     # the context's own match counts too, first: a longer one wins alone
     ctx2 = [*fmt, 30, 31, 32, 33, 34, 35, 36, 37, 9, *fmt, 30, 31, 32, 33, 34, 35, 36, 37]
-    chain = draft.chain(ctx2, 4)
+    chain = draft.continuation(ctx2, 4)
     assert chain is not None and (chain.tokens, chain.origin) == ([9, 10, 11, 12], "context")
 
 
 def test_lookup_without_archives_is_todays_prompt_lookup():
     ctx = [5, 6, 7, 8, 9, 1, 5, 6, 7]
-    chain = LookupDrafter().chain(ctx, 4)
+    chain = LookupDrafter().continuation(ctx, 4)
     assert chain is not None and chain.tokens == [8] and chain.origin == "context"
 
 
@@ -151,7 +151,7 @@ def following_draft() -> LookupDrafter:
 def test_a_reply_of_one_shape_follows_earlier_ones_past_its_own_values():
     draft = following_draft()
     text = [1, 2, *ASK]
-    first = draft.chain(text, 8)  # the prompt's end: a plain match of 3, one token
+    first = draft.continuation(text, 8)  # the prompt's end: a plain match of 3, one token
     assert first is not None and first.tokens == [OPEN] and len(draft.following) >= 2
     text += [OPEN, KEY_A, SAY, 90, 91, 92]  # a value no reply had
     assert not draft.has_match(text)  # nothing to follow inside a value
@@ -159,18 +159,18 @@ def test_a_reply_of_one_shape_follows_earlier_ones_past_its_own_values():
     # After the value, NEXT matches after every key; following finds the one where each
     # reply's own value ended: key b comes next, in all three.
     assert draft.has_match(text) and draft.follows()
-    chain = draft.chain(text, 3)
+    chain = draft.continuation(text, 3)
     assert chain is not None and chain.origin == "session"
     assert chain.tokens[:2] == [KEY_B, SAY] and chain.probs[:2] == [1.0, 1.0]
     text += [KEY_B, SAY, 93, NEXT]  # in step through the key, then another own value
-    chain = draft.chain(text, 2)
+    chain = draft.continuation(text, 2)
     assert chain is not None and chain.tokens == [KEY_C, SAY]
 
 
 def test_a_model_draft_takes_free_what_the_followed_replies_agree_on():
     draft = following_draft()
     text = [1, 2, *ASK]
-    draft.chain(text, 8)
+    draft.continuation(text, 8)
     text += [OPEN, KEY_A, SAY, 90]
     draft.has_match(text)  # the round settles: the replies are walked to here
     # A draft in progress: the model drew 91 (a value), then NEXT: the fixed part after
@@ -187,7 +187,7 @@ def test_one_followed_reply_alone_splices_nothing():
     history.add(reply([20], [30], [40]), "session")
     draft = LookupDrafter(archives=[(history, None)])
     text = [1, 2, *ASK]
-    draft.chain(text, 8)
+    draft.continuation(text, 8)
     text += [OPEN, KEY_A, SAY, 90]
     draft.has_match(text)
     assert not len(draft.following) >= 2 and draft.agreed([*text, NEXT], 8)[0] == []

@@ -219,7 +219,7 @@ def test_trace_page_in_headless_chromium(tiny, chromium, tmp_path):
 
 def test_chat_saves_the_trace_page(decoder, chromium, tmp_path):
     from specllama.cli.chat import ChatSession
-    from specllama.cli.options import RunSettings
+    from specllama.loading import RunSettings
 
     settings = RunSettings(temperature=0.0, max_tokens=12,
                            draft_max=3, drafters=("model",), n_ctx=256, threads=1,

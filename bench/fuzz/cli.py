@@ -20,7 +20,7 @@ from bench.fuzz.target import Target
 
 def arguments_parser() -> argparse.ArgumentParser:
     from bench import fuzz as package
-    from bench.common import add_pair_options, parser
+    from bench.lib.common import add_pair_options, parser
 
     # described by the package's docstring; named as run (common.parser names a script
     # by its file, here __main__.py)
@@ -76,8 +76,8 @@ def run_on(target: Target, args: argparse.Namespace,
 
 
 def run_serving(args: argparse.Namespace) -> Report:
-    from bench.common import machine, model_flags
-    from bench.processes import Serve
+    from bench.lib.common import machine, model_flags
+    from bench.lib.processes import Serve
 
     argv = [*model_flags(args), "--threads", str(args.threads), "--max-tokens",
             str(args.max_tokens), *shlex.split(args.serve_args)]

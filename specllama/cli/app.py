@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..errors import SpecLlamaError
-from .bench import bench_command
+from .bench_command import bench_command
 from .chat import chat_command
 from .generate import EXIT_INTERRUPTED, generate
 from .pairs import pairs

@@ -11,24 +11,18 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from ..console import spinner, stderr_console
 from ..engine.constraint import ConstraintSpec
 from ..engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from ..engine.loop.events import Finished
 from ..errors import ConstraintError, InvalidParameterError
+from ..loading import RunOptions, RunSettings, open_decoder
 from ..policy.compare import Comparison, compare_with_target, needs_measuring
 from ..policy.cpumeter import CpuMeter
 from .liveview import LiveDrafts
-from .options import (
-    RunOptions,
-    RunSettings,
-    model_options,
-    open_decoder,
-    run_options,
-    sampling_options,
-    view_options,
-)
+from .options import model_options, run_options, sampling_options, view_options
 from .trace import TraceRecorder, token_piece, trace_kind
-from .ui import TokenPrinter, spinner, stats_table, stderr_console
+from .ui import TokenPrinter, stats_table
 
 EXIT_INTERRUPTED = 130
 

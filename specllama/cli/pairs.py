@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..console import stderr_console
 from ..engine.checks import batch_invariance, measure
 from ..engine.decoder import SpeculativeDecoder
 from ..engine.drafting.crossvocab import CrossVocabDraft
@@ -16,7 +17,6 @@ from ..models.config import Pair, find_and_load_config, packaged_config_path
 from ..models.sources import resolve_pair
 from ..models.status import locations, pending_downloads, pending_synthetic, source_status
 from ..models.synthetic import SYNTHETIC_KEY
-from .ui import stderr_console
 
 #: What `pairs check` generates from: a chat question, then raw text and code (a base
 #: model has no chat template, and acceptance differs between kinds of text).
@@ -30,7 +30,7 @@ BATCH_CHECK_TOKENS = 24
 
 
 def _vocabularies(dec: SpeculativeDecoder) -> str:
-    drafter = dec.drafter
+    drafter = dec.draft_model
     if isinstance(drafter, CrossVocabDraft):
         vmap = drafter.vmap
         return (f"vocabularies differ, {len(vmap.draft_ids)} of the draft's {vmap.n_draft} "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from ..console import stderr_console
 from ..models.config import Pair, find_and_load_config
 from ..models.hf import hf_cache_dir, hf_lookup, resolve_hf
 from ..models.packages import package_file
@@ -21,7 +22,6 @@ from ..models.schema import ModelSource
 from ..models.sourceforms import SourceReader
 from ..models.sources import resolve_source
 from ..models.status import locations
-from .ui import stderr_console
 
 #: An argument that is written like a URL is a source, anything else a pair's name.
 _URL_MARKS = ("://", "hf:")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -12,20 +11,14 @@ import click
 from click.core import ParameterSource
 from rich.markup import escape
 
-from .. import SpeculativeDecoder, server
+from .. import server
+from ..console import stderr_console
 from ..engine.llama import Vocabulary
+from ..loading import RunOptions, serve_engine
 from ..server.guard import origin_patterns
 from ..server.promptcache import beyond_memory
-from .options import (
-    RunOptions,
-    RunSettings,
-    measure_costs,
-    model_options,
-    open_decoder,
-    run_options,
-    sampling_options,
-)
-from .ui import stats_table, stderr_console
+from .options import model_options, run_options, sampling_options
+from .ui import stats_table
 
 
 def _origins(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
@@ -92,14 +85,15 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None,
     # started again; this process keeps the HTTP side and the target's vocabulary.
     # SPECLLAMA_SERVE_IN_PROCESS=1: the models in this process (bench/isolation.py's
     # baseline for what the isolation costs).
-    engine: server.Slots | server.EngineProcess
+    # --parallel N is read once, by the loading: N sequences per model, then N slots.
+    decoding: server.Slots | server.EngineProcess
     process: server.EngineProcess | None = None  # its settings come once it has loaded
     if os.environ.get("SPECLLAMA_SERVE_IN_PROCESS") == "1":
-        decoder, measure, settings = load_engine(run, True, parallel=parallel)
-        engine = server.Slots(decoder, parallel, measure, cache_mib << 20)
+        decoder, measure, settings = serve_engine(run, True, parallel=parallel)
+        decoding = server.Slots(decoder, measure, cache_mib << 20)
     else:
-        engine = process = server.EngineProcess(
-            functools.partial(load_engine, run, parallel=parallel), cache_mib << 20, parallel)
+        decoding = process = server.EngineProcess(
+            functools.partial(serve_engine, run, parallel=parallel), cache_mib << 20)
     try:
         if process is not None:
             settings = process.start()
@@ -114,38 +108,23 @@ def serve(run: RunOptions, host: str, port: int, api_key: str | None,
             n_ctx=settings.n_ctx,
             api_key=api_key,
             max_waiting=max_waiting,
-            parallel=parallel,
+            parallel=decoding.parallel,
             target=Path(settings.target).name,
             draft=Path(settings.draft).name,
             host=host,
             allowed_origins=allowed_origins,
         )
         totals = server.serve(
-            engine, vocab, config, sock,
+            decoding, vocab, config, sock,
             on_ready=lambda url: err.print(f"serving {model_id} at {url}/v1 (Ctrl-C stops)",
                                            markup=False),
             log=lambda line: err.print(line, markup=False, style="dim"),
         )
     finally:
-        engine.close()
+        decoding.close()
         sock.close()
     t = totals
     err.print(f"stopped: {t.completed} completed, {t.cancelled} cancelled, {t.failed} failed, "
               f"{t.rejected} turned away (503)")
     if t.stats.target_steps:
         err.print(stats_table(t.stats, title="all requests"))
-
-
-def load_engine(run: RunOptions, first: bool, parallel: int = 1) -> tuple[
-        SpeculativeDecoder, Callable[[], None], RunSettings]:
-    """In the engine process: load the pair as any command does (a spinner and notes
-    the first time only; the target with `parallel` sequences), and how to measure
-    auto's costs on the thread that decodes."""
-    err = stderr_console(plain=not first)
-    decoder, settings = open_decoder(run, err, calibrate=False, n_seq=parallel)
-
-    def measure() -> None:
-        measure_costs(decoder, settings.draft_max, run.recalibrate and first,
-                      lambda why: err.print(why, style="dim", markup=False))
-
-    return decoder, measure, settings

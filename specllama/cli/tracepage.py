@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from ..engine.drafting.chain import show_drafters
+from ..engine.drafting.chain import Drafters
 from ..engine.loop.stats import Stats
 
 ChipKind = Literal["accepted", "rejected", "target"]
@@ -115,5 +115,5 @@ def trace_meta(settings: dict[str, Any]) -> str:
         models += " + " + (settings["draft"] if settings["draft"] == "lookup"
                            else Path(settings["draft"]).name)
     return (f"{models} · temperature {settings['temperature']:g} · draft_max "
-            f"{settings['draft_max']} · drafters {show_drafters(settings['drafters'])}"
+            f"{settings['draft_max']} · drafters {Drafters(settings['drafters'])}"
             + (f" · seed {settings['seed']}" if settings["seed"] is not None else ""))

@@ -1,4 +1,5 @@
-"""All terminal output: the coloured token stream, the stats panel, spinners.
+"""All terminal output: the coloured token stream, the stats panel (the stderr console
+and its spinner: ../console.py).
 
 Colours follow the seed demo: accepted draft tokens green, tokens the target
 chose itself yellow, pending drafts blue. Generated text goes to stdout,
@@ -7,10 +8,8 @@ everything else to stderr.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from rich.console import Console
@@ -25,15 +24,6 @@ from ..policy.cpumeter import BUSY_WARN
 ACCEPTED = "green"
 TARGET = "yellow"
 PENDING = "blue"  # drafts awaiting the verdict (liveview)
-
-
-def stderr_console(*, plain: bool = False) -> Console:
-    """Progress, stats and warnings. plain (--plain): no escape codes at all, not even
-    dim or italic (which NO_COLOR keeps) or a spinner's cursor codes."""
-    if plain:
-        return Console(file=sys.stderr, highlight=False, soft_wrap=True, color_system=None,
-                       force_terminal=False)
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
 class TokenPrinter:
@@ -162,13 +152,3 @@ def stats_footer(stats: Stats, *, busy: float | None = None) -> Text:
         footer.append(f"  (busy: other processes used {busy:.0%} of the CPU)", style="yellow")
     return footer
 
-
-@contextlib.contextmanager
-def spinner(console: Console, message: str) -> Iterator[Callable[[str], None]]:
-    """A spinner on a terminal (nothing otherwise); yields a function that changes
-    its message."""
-    if console.is_terminal:
-        with console.status(message, spinner="dots") as status:
-            yield status.update
-    else:
-        yield lambda _message: None

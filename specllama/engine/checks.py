@@ -43,7 +43,7 @@ def measure(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], n_tok
             params: SamplingParams) -> Agreement:
     """Walk the target's greedy continuation of each prompt, one token at a time, in both
     models. The caches are cleared first and left holding the last walk."""
-    drafter = decoder.drafter
+    drafter = decoder.draft_model
     if drafter is None:
         raise ValueError("this pair has no draft model")
     target = decoder.target

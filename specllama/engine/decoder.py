@@ -12,12 +12,11 @@ from ..errors import ContextOverflowError, InvalidParameterError
 from ..paths import cache_dir
 from .constraint import Constraint, ConstraintSpec
 from .drafting.chain import (
+    NOBODY,
     DraftChain,
     Drafters,
     build_chain,
-    check_drafters,
-    default_drafters,
-    slot_of,
+    draft_kind,
 )
 from .drafting.crossvocab import CrossVocabDraft
 from .drafting.draftcache import DraftCache
@@ -57,24 +56,24 @@ class SpeculativeDecoder:
         drafters: DraftersArg | None = None,
         cross_vocab: bool = False,
     ) -> None:
-        """drafters: who drafts when stream()/generate() are not told; None: lookup then
-        the draft model with a draft model, else nobody (the target alone). cross_vocab: a
+        """drafters: who drafts when stream()/generate() are not told; None:
+        Drafters.default (lookup, then the draft model or the target's MTP layers); ()
+        for nobody (the target alone). cross_vocab: a
         draft whose tokenizer differs drafts through the tokens both vocabularies spell
         alike (engine/drafting/crossvocab.py); without it such a pair is refused."""
         if draft is None and has_mtp(target):
             draft = MtpDraft(target)  # the target drafts for itself (engine/llama/mtp.py)
-        slot = slot_of(draft)
-        if drafters is None:
-            drafters = default_drafters(slot, ())
-        chosen = check_drafters(drafters, slot, target.path.name) if drafters else ()
-        #: The draft as the round loop drives it (in target ids); `draft` is the model.
-        self.drafter: DraftModel | None = draft
+        kind = draft_kind(draft)
+        chosen = (Drafters.default(kind) if drafters is None else
+                  Drafters.parse(drafters) if drafters else NOBODY).check(kind, target.path.name)
+        #: The draft model as the round loop drives it (in target ids; `draft` is the file loaded).
+        self.draft_model: DraftModel | None = draft
         self.cross_vocab = False
         if draft is not None:
             if cross_vocab and not compatible(target, draft):
                 vmap = VocabMap.cached(target, draft, cache_dir())
                 check_intersection(vmap, target, draft)
-                self.drafter = CrossVocabDraft(draft, target, vmap)
+                self.draft_model = CrossVocabDraft(draft, target, vmap)
                 self.cross_vocab = True
             else:
                 check_compatible(target, draft)
@@ -89,7 +88,7 @@ class SpeculativeDecoder:
         # What draft-length policies keep across calls (auto: the measured costs).
         self.policy_state: dict[str, object] = {}
         # What lookups copy from beyond the context: earlier calls' outputs, a corpus.
-        self.suffix_cache = DraftCache()
+        self.draft_cache = DraftCache()
 
     @classmethod
     def load(
@@ -105,14 +104,13 @@ class SpeculativeDecoder:
         cross_vocab: bool = False,
         n_seq: int = 1,
     ) -> SpeculativeDecoder:
-        """draft: a GGUF path, "lookup" (no draft model: prompt lookup) or None
-        (the target alone). drafters: who drafts when generate()/stream() are not told;
-        None means lookup then the draft model with a draft model, lookup for
-        draft="lookup", else nobody (the target alone). target_rpc: HOST:PORT of llama.cpp
-        RPC servers that hold the target (the draft stays local). n_seq: sequences each
-        model's context holds (server/slots.py)."""
-        if drafters:
-            check_drafters(drafters)
+        """draft: a GGUF path, or None / "lookup" for no draft model. drafters: who
+        drafts when generate()/stream() are not told; None: Drafters.default (lookup,
+        then the draft model or the target's MTP layers); () for nobody. target_rpc:
+        HOST:PORT of llama.cpp RPC servers that hold the target (the draft stays local).
+        n_seq: sequences each model's context holds (server/slots.py)."""
+        if drafters:  # refused before a minute of loading
+            drafters = Drafters.parse(drafters)
         target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc,
                              n_seq=n_seq)
         draft_model = None
@@ -123,12 +121,12 @@ class SpeculativeDecoder:
             target_model,
             draft_model,
             p_min=p_min,
-            drafters=drafters or (("lookup",) if is_lookup else None),
+            drafters=drafters,
             cross_vocab=cross_vocab,
         )
 
     def close(self) -> None:
-        self.suffix_cache.save(force=True)
+        self.draft_cache.save(force=True)
         if self.draft is not None:  # first: an MTP draft runs on the target's weights
             self.draft.close()
         self.target.close()
@@ -146,8 +144,8 @@ class SpeculativeDecoder:
     def reset(self) -> None:
         """Forget everything in both KV caches."""
         self.target.clear()
-        if self.drafter is not None:
-            self.drafter.clear()
+        if self.draft_model is not None:
+            self.draft_model.clear()
 
     def generate(
         self,
@@ -161,14 +159,14 @@ class SpeculativeDecoder:
         drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
-        suffix_cache: bool = True,
+        draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
                              drafters=drafters, constraint=constraint,
-                             logprobs=logprobs, suffix_cache=suffix_cache,
+                             logprobs=logprobs, draft_cache=draft_cache,
                              draft_prompt=draft_prompt)
         for _ in stream:
             pass
@@ -187,31 +185,30 @@ class SpeculativeDecoder:
         drafters: DraftersArg | None = None,
         constraint: ConstraintSpec | None = None,
         logprobs: int | None = None,
-        suffix_cache: bool = True,
+        draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
 
-        sampling: SamplingParams() when None. draft_max: a draft length (0 = the
-        target alone), "auto" (cost-aware), "heuristic", or a policy object.
-        stop: strings that end the text where they begin, and `Repeat` rules (a block
-        written twice ends it: loop/textstream.py). keep_cache=True reuses whatever
-        prefix of `prompt` the caches already
-        hold (the chat REPL); otherwise every call starts clean. drafters: who drafts,
-        in order ("lookup,model", a shorthand such as "hybrid", or () for nobody; see
-        engine/drafting/chain.py); None means `self.default_drafters`. constraint: a JSON
-        schema, grammar or regex the output follows (the target's distribution masked to
-        what it allows; see engine/constraint.py); unless draft_max is 0, the tokens it
-        forces are drafted for free. logprobs: n keeps each token's log-probability
-        under the target and its n likeliest alternatives in `result.logprobs` (0-20).
-        suffix_cache: lookup drafts copy from `self.suffix_cache` too (a corpus, a
-        persisted cache, earlier calls' outputs; not those where a seed is to repeat
-        sampled output: a fixed draft length, a seed and temperature > 0); False: from
-        this call's context alone. Either way the output joins the cache. draft_prompt:
-        for a cross-vocabulary pair, the draft's own tokens for the prompt (its chat
-        template's rendering of the same conversation, see `draft_prompt_for`); None: it
-        reads the target's text. Bad arguments raise here, before generating.
+        sampling: SamplingParams() when None. draft_max: a draft length (0 = the target
+        alone), "auto" (cost-aware), "heuristic", or a policy object. stop: strings that end
+        the text where they begin, and `Repeat` rules (a block written twice ends it:
+        loop/textstream.py). keep_cache=True reuses whatever prefix of `prompt` the caches
+        hold (the chat REPL); else every call starts clean. drafters: who drafts (a Drafters
+        value, or text such as "lookup,model"; () for nobody); None means
+        `self.default_drafters`. constraint: a JSON schema, grammar or regex the output
+        follows (the target's distribution masked to what it allows; see
+        engine/constraint.py); unless draft_max is 0, the tokens it forces are drafted for
+        free. logprobs: n keeps each token's log-probability under the target and its n
+        likeliest alternatives in `result.logprobs` (0-20). draft_cache: lookup drafts copy
+        from `self.draft_cache` too (a corpus, a persisted cache, earlier calls' outputs;
+        not those where a seed is to repeat sampled output: a fixed draft length, a seed and
+        temperature > 0); False: from this call's context alone. Either way the output joins
+        the cache. draft_prompt: for a cross-vocabulary pair, the draft's own tokens for the
+        prompt (its chat template's rendering of the same conversation, see
+        `draft_prompt_for`); None: it reads the target's text. Bad arguments raise here,
+        before generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
@@ -219,12 +216,12 @@ class SpeculativeDecoder:
             raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
                                         f"not {logprobs!r}")
         names = self.default_drafters if drafters is None else \
-            check_drafters(drafters, slot_of(self.draft), self.target.path.name) if drafters \
-            else ()
+            Drafters.parse(drafters).check(draft_kind(self.draft), self.target.path.name) \
+            if drafters else NOBODY
         committed = self._prompt(prompt)
         matcher = None if constraint is None else \
             Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
-        chain = self._chain(names, params, draft_max, suffix_cache,
+        chain = self._chain(names, params, draft_max, draft_cache,
                             matcher if draft_max != 0 else None)
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         generation = Generation(
@@ -249,15 +246,15 @@ class SpeculativeDecoder:
         return committed
 
     def _chain(self, names: Drafters, params: SamplingParams, draft_max: DraftMax,
-               suffix_cache: bool, constraint: Constraint | None) -> DraftChain:
+               draft_cache: bool, constraint: Constraint | None) -> DraftChain:
         """Who drafts this call. A seed repeats sampled output for a fixed draft length
         (README), and only if the drafts repeat too: then lookups copy from the context
         and the corpus, which earlier calls do not change (auto's lengths follow timings:
         no such promise)."""
         history = params.greedy or params.seed is None or not isinstance(draft_max, int)
-        archives = self.suffix_cache.archives(history) if suffix_cache else []
+        archives = self.draft_cache.archives(history) if draft_cache else []
         # A cross-vocabulary draft's rows are not the target's positions: no shadow.
-        return build_chain(names, model=self.drafter, p_min=self.p_min,
+        return build_chain(names, model=self.draft_model, p_min=self.p_min,
                            ends=self.target.is_eog, shadow=not self.cross_vocab,
                            archives=archives, constraint=constraint,
                            ahead=AHEAD_MAX if self.draft_threads else 0,
@@ -294,10 +291,10 @@ class SpeculativeDecoder:
     def _remembered(self, generation: Generation, stream: GenerationStream,
                     draft_prompt: list[int] | None) -> Generator[Event, None, None]:
         """The generation's events; however it ends, its output joins the suffix cache."""
-        if isinstance(self.drafter, CrossVocabDraft):
-            self.drafter.set_prompt(generation.committed, draft_prompt)
+        if isinstance(self.draft_model, CrossVocabDraft):
+            self.draft_model.set_prompt(generation.committed, draft_prompt)
         try:
             yield from generation.run(stream)
         finally:
-            self.suffix_cache.remember(generation.committed, generation.n_prompt)
-            self.suffix_cache.save()
+            self.draft_cache.remember(generation.committed, generation.n_prompt)
+            self.draft_cache.save()

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from ..errors import ConstraintError, InvalidParameterError
 from .constraint import ConstraintSpec
-from .drafting.chain import parse_drafters
+from .drafting.chain import Drafters
 from .llama.rpc import endpoint_problem
 from .sampling import SamplingParams
 
@@ -144,7 +144,7 @@ def _check_drafters(value: Any) -> tuple[Any, str | None]:
     if value is None:
         return None, None
     try:
-        return parse_drafters(value), None
+        return Drafters.parse(value), None
     except InvalidParameterError as exc:
         return value, str(exc).removeprefix("drafters ")
 
@@ -237,9 +237,8 @@ class Settings:
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)
-    # None: chosen by the pair (lookup,model with a draft model, lookup,mtp with MTP
-    # layers, lookup otherwise).
-    drafters: tuple[str, ...] | None = _row(
+    # None: chosen by the pair once it is loaded (Drafters.default).
+    drafters: Drafters | None = _row(
         None, str, "Who drafts, in order: lookup, model, lookup>model (the draft model "
         "checking lookups' guesses), mtp (the target's own MTP layers), comma-separated "
         "(default: lookup,model, lookup where the text repeats itself and the draft model "
@@ -257,8 +256,8 @@ class Settings:
     seed: int | None = _row(None, int, "Random seed: with a fixed --draft-max, same seed, same "
                             "output; under auto, drafts follow measured timings, so outputs may "
                             "differ (each exact).", _seed_check)
-    # 0.2 gains 1-5% where verifying is dear and is neutral where drafting pays
-    # (docs/architecture.md, "The draft confidence cutoff").
+    # Why 0.2, and what it gains where verifying is dear: docs/architecture.md,
+    # "The draft confidence cutoff".
     p_min: float = _row(0.2, float, "Stop a draft when the draft model's top token has less "
                         "probability (0 = never; exact either way).", _float_in(0.0, 1.0))
 

@@ -101,12 +101,10 @@ def resolve_source(
     a pair's ``target_quant`` / ``draft_quant`` is not applied here (see
     :func:`resolve_target`, :func:`resolve_draft`).
 
-    ``n_threads`` is used only when a model has to be quantized (a derived draft, a
-    synthetic target); ``progress`` (a ``progress(message)`` callback) hears about
-    deriving, making, assembling and downloading;
-    ``role`` ("target" or "draft") names the source in messages when target and draft
-    are the same source; ``advise_pull`` False has an offline error advise ``hf download``
-    rather than ``specllama pull`` (for that command itself). Raises
+    ``n_threads``: for quantizing (a derived draft, a synthetic target); ``progress(message)``
+    hears of deriving, making, assembling and downloading; ``role`` ("target" or "draft")
+    names the source where target and draft are the same; ``advise_pull`` False has an
+    offline error advise ``hf download`` rather than ``specllama pull`` (itself). Raises
     :class:`ModelLoadError` for missing or invalid files and packages and for Hugging Face
     models that cannot be had (offline, unknown repo or file...),
     :class:`DraftDerivationError` when deriving fails, and ``ValueError`` for a ``lookup``
@@ -155,12 +153,7 @@ def resolve_target(
     pair: Pair, *, n_threads: int | None = None, progress: Progress | None = None
 ) -> Path:
     """The target's file: its source, requantized once when the pair sets ``quant``."""
-    target = resolve_source(pair.target, pair=pair, n_threads=n_threads, progress=progress,
-                            role="target")
-    if pair.target_quant is None:
-        return target
-    return derive(target, pair.target_quant, n_threads=n_threads, progress=progress,
-                  role="target")
+    return _requantized(pair, "target", n_threads, progress)
 
 
 def resolve_draft(
@@ -170,13 +163,16 @@ def resolve_draft(
     pair sets ``quant`` on the draft's file source."""
     if pair.draft.kind == "lookup":
         return None
-    draft = resolve_source(
-        pair.draft, pair=pair, n_threads=n_threads, progress=progress, role="draft"
-    )
-    if pair.draft_quant is None:
-        return draft
-    return derive(draft, pair.draft_quant, n_threads=n_threads, progress=progress,
-                  role="draft")
+    return _requantized(pair, "draft", n_threads, progress)
+
+
+def _requantized(pair: Pair, role: str, n_threads: int | None,
+                 progress: Progress | None) -> Path:
+    source, quant = (pair.target, pair.target_quant) if role == "target" else \
+        (pair.draft, pair.draft_quant)
+    path = resolve_source(source, pair=pair, n_threads=n_threads, progress=progress, role=role)
+    return path if quant is None else derive(path, quant, n_threads=n_threads,
+                                             progress=progress, role=role)
 
 
 def resolve_pair(

@@ -202,12 +202,12 @@ class AutoDraftLength:
         return max(1, min(t.probe_k, hopeful.best_k))
 
     def _model_does_better(self, lookup: SourceState, decision: Decision) -> bool:
-        """Hybrid drafting: a lookup round takes the place of a model draft, so it is
-        declined where the draft model is expected to do better, counting the catch-up the
-        lookup's tokens cost the draft model next time. Only once the model has been asked
-        in this call (not with lookup alone), and only by a clear margin: where the
-        model's gain was marginal, declining on any advantage lost more on copy-heavy
-        text than it won elsewhere (docs/performance.md)."""
+        """Hybrid drafting: a lookup round takes the place of a model draft, so it is declined
+        where the draft model is expected to do better, counting the catch-up the lookup's
+        tokens cost the draft model next time. Only once the model has been asked in this call
+        (not with lookup alone), and only by a clear margin: where the model's gain was
+        marginal, declining on any advantage lost more on copy-heavy text than it won elsewhere
+        (docs/lab/2026-12-local-generation.md, "Hybrid: a lookup gives way ...")."""
         if not self._model_asked:
             return False
         model = self._decision(self.state.sources["model"])

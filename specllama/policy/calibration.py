@@ -40,9 +40,9 @@ from .cpumeter import CpuMeter
 CALIBRATION_VERSION = 3
 Rows = Literal["all", "last"]  # the rows whose logits a timed decode computes
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
-#: A draft step is 1 token (2 after a fully accepted round), a catch-up one batch of
-#: all the tokens missed: per token a batch of 64 costs half the second token of a
-#: batch on the F32 pair's draft (docs/performance.md); beyond, extrapolated.
+#: A draft step is 1 token (2 after a fully accepted round), a catch-up one batch of all the tokens
+#: missed: a batch of 64 costs a token far less than a batch's second token (the F32 pair's draft:
+#: docs/lab/2026-12-suffix-cache.md, "The catch-up priced by timed batches"); beyond, extrapolated.
 DRAFT_MAX_N = 64
 #: Batch sizes timed; the others are interpolated.
 MEASURE_POINTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 64)
@@ -186,8 +186,8 @@ def measure_curve(
             return dt
 
         # A remote target's first decode of each batch size pays extra round trips
-        # (Model.warm_batch_sizes): without this, a 5 ms link made T(k)/T(1) ~2 for
-        # every k, the points' few samples each holding one such first decode.
+        # (Model.warm_batch_sizes): without this, a slow link made every T(k)/T(1) look the same
+        # (docs/lab/2026-12-rpc.md), the points' few samples each holding one such first decode.
         model.warm_batch_sizes(points)
         t_begin = time.perf_counter()
         timed(max_n)  # warm up: first touch of the weights, compute buffers

@@ -21,9 +21,9 @@ def cores() -> int:
 
 
 def threads_for(busy: float | None, n_cores: int) -> int:
-    """Threads for llama.cpp when other processes use `busy` of the CPU. Its threads
-    wait for each other at every step, so one thread on a core another process is
-    using stalls them all (measured 30-50x slower): use the cores that are free."""
+    """Threads for llama.cpp when other processes use `busy` of the CPU. Its threads wait for
+    each other at every step, so one thread on a core another process is using stalls them all
+    (docs/performance.md, #what-specllamas-own-machinery-costs): use the cores that are free."""
     if busy is None:
         return n_cores
     free = n_cores * (1.0 - busy)

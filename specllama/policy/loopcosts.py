@@ -10,13 +10,13 @@ from .tuning import AutoTuning
 
 class LoopCosts:
     """Calibration times each model alone; in the loop they take turns, and both the
-    target's verification and the draft step cost more there (the target's decode
-    evicts the draft's weights; docs/performance.md). So: T(n) is the running mean of
-    the loop's decodes of n tokens (the calibrated curve, scaled to the loop, until one
-    is seen); the draft step the running mean of the steps after a round's first (the
-    calibrated one, scaled alike, until a round drafts two); the first step's extra,
-    w_d, the catch-ups' ratio to the calibrated ones, and our own time per round and
-    per drafted token running means.
+    target's verification and the draft step cost more there (the target's decode evicts
+    the draft's weights: docs/lab/2026-12-local-generation.md, "A bandwidth-bound
+    target"). So: T(n) is the running mean of the loop's decodes of n tokens (the
+    calibrated curve, scaled to the loop, until one is seen); the draft step the running
+    mean of the steps after a round's first (the calibrated one, scaled alike, until a
+    round drafts two); the first step's extra, w_d, the catch-ups' ratio to the
+    calibrated ones, and our own time per round and per drafted token running means.
     """
 
     def __init__(self, curve: CostCurve, draft: CostCurve | None = None,
@@ -120,7 +120,7 @@ class LoopCosts:
         probes is forgotten: the calibration, scaled to the loop, stands in again, and the
         next measure of it is learnt in full. Only rounds that draft measure T(n > 1) and
         the draft model's costs; one learnt too high (a busy spell) kept drafting off,
-        and itself unmeasured, for the life of a server (docs/performance.md)."""
+        and itself unmeasured, for the life of a server (docs/lab/2026-12-suffix-cache.md)."""
         limit = self.tuning.probe_every_max
         for key in [k for k, at in self._measured_at.items() if self._rounds - at > limit]:
             del self._measured_at[key]
@@ -161,8 +161,8 @@ class LoopCosts:
             self._measured_at["wake"] = self._rounds
         elif outcome.work.shadow:
             # Its last rows were read (the shadow): each ran the output head, which the
-            # calibrated catch-up, one row kept, does not. Learnt from, it priced an MTP
-            # catch-up (a 248k head) 11.5x too high for every later call.
+            # calibrated catch-up, one row kept, does not. Learnt from, it priced an MTP catch-up
+            # (a 248k head) far too high for every later call (docs/lab/2026-12-hybrid-mtp.md).
             pass
         elif (calibrated := self._calibrated_catch_up(behind)) > 0:
             scale = max(0.0, extra - self.draft_wake) / calibrated

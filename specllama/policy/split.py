@@ -11,8 +11,8 @@ draft model drew next (chance a^(k+1)), the next round's draft is already drawn:
 (T'_d / 2: the verdict waits, on average, for half the draft step then in flight)
 where T'_t and T'_d are measured with both models decoding at once (they share the
 memory bandwidth as well as the cores); a draft drawn in turn runs on every thread
-(T_d). The better of the two at the acceptance `auto` expects decides, by a margin: on 2
-cores the target alone on 1 thread runs at 0.65x of 2, and drafting ahead loses.
+(T_d). The better of the two at the acceptance `auto` expects decides, by a margin; on 2
+cores drafting ahead loses (docs/lab/2026-12-laptop-class.md, "Drafting on idle cores").
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class AutoState:
             for src in SOURCES
         }
         # P(accepted | confidence): the draft model's top probability, and apart, per
-        # lookup source, a lookup's share of agreeing occurrences (engine.lookup.Chain).
+        # lookup source, a lookup's share of agreeing occurrences (engine.lookup.Continuation).
         self.confidence = ConfidenceAcceptance(t)
         self.lookup_confidence = {src: ConfidenceAcceptance(t, t.lookup_prior_power)
                                   for src in SOURCES if src != "model"}

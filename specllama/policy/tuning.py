@@ -1,7 +1,7 @@
 """Every tuned number of the auto policy, in one place.
 
 Each field keeps its reason in a line or two; the measurements behind the values
-are in docs/performance.md, "auto's tuned numbers", with the ablation that switches
+are in docs/lab/2026-12-auto-tuning.md, "auto's tuned numbers", with the ablation that switches
 each mechanism off in turn (`bench/ablation.py`). The environment variable
 SPECLLAMA_AUTO_TUNING="name=value,..." overrides fields for a run (`from_env`, read
 when a decoder's auto state is created): that is how the real-model ablation is run.
@@ -22,7 +22,7 @@ ENV = "SPECLLAMA_AUTO_TUNING"
 @dataclass(frozen=True)
 class AutoTuning:
     """The auto policy's tuned numbers (defaults: what the measurements in
-    docs/performance.md, "auto's tuned numbers", chose). A value of `inf` or 0 where
+    docs/lab/2026-12-auto-tuning.md, "auto's tuned numbers", chose). A value of `inf` or 0 where
     noted switches a mechanism off, for the ablation."""
 
     # --- the decision
@@ -93,7 +93,7 @@ class AutoTuning:
     confidence_prior_power: float = 0.5
     confidence_prior_weight: float = 2.0
     confidence_decay: float = 0.98
-    #: A lookup's share of agreeing copies (engine.lookup.Chain) is a frequency: its
+    #: A lookup's share of agreeing copies (engine.lookup.Continuation) is a frequency: its
     #: prior is share ** this (1: taken at its word until the counts say otherwise).
     lookup_prior_power: float = 1.0
     #: What the next row is worth before any is read.
@@ -109,7 +109,7 @@ class AutoTuning:
 
     # --- the loop's costs
     #: Weight of the latest round in the running cost estimates, and the cap on a
-    #: round's time relative to the estimate (another process's spike was 6x).
+    #: round's time relative to the estimate (why this cap: docs/lab/2026-12-auto-tuning.md).
     learn: float = 0.1
     spike: float = 1.5
     #: A decoder's first rounds weigh more: a calibration on a busy machine can be ten

@@ -9,11 +9,11 @@ SSE) -> runner (uvicorn, signals).
 
 from .app import ServeConfig
 from .isolation import EngineLost, EngineProcess
-from .jobs import Engine
+from .jobs import Slot
 from .prompts import Defaults
 from .runner import ServeError, is_loopback, listen, serve
 from .slots import Slots
 from .worker import Totals
 
-__all__ = ["Defaults", "Engine", "EngineLost", "EngineProcess", "ServeConfig", "ServeError",
+__all__ = ["Defaults", "Slot", "EngineLost", "EngineProcess", "ServeConfig", "ServeError",
            "Slots", "Totals", "is_loopback", "listen", "serve"]

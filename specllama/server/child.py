@@ -20,7 +20,8 @@ from typing import Any
 from .. import SpecLlamaError, SpeculativeDecoder
 from ..engine.llama import backend
 from ..engine.llama.batched import compute_bound
-from .jobs import CALLS, Failure, Order, Outcome
+from .calls import CALLS
+from .jobs import Failure, Order, Outcome
 from .pipe import Call, Cancel, LastWords, LoadFailed, Ready, Reply, Tagged
 from .slots import Slots
 
@@ -33,8 +34,7 @@ Factory = Callable[[bool], tuple[SpeculativeDecoder, Callable[[], None], Any]]
 CLOSE_S = 30.0  # the child saves its draft cache on the way out
 
 
-def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
-         parallel: int) -> None:
+def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     lock = threading.Lock()
@@ -58,7 +58,7 @@ def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
     backend.watch_local_decodes(compute_bound())  # one slot: no compute thread watches
     try:
         decoder, prepare, info = factory(first)
-        slots = Slots(decoder, parallel, prepare, cache_bytes, lost)
+        slots = Slots(decoder, prepare, cache_bytes, lost)
     except BaseException as exc:
         send(LoadFailed(_picklable(exc)))
         return
@@ -67,7 +67,7 @@ def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
         why = served.start()
         if why:
             print(why, file=sys.stderr)
-        send(Ready(info, multiprocessing.current_process().pid or 0))
+        send(Ready(info, multiprocessing.current_process().pid or 0, slots.n))
         while (message := conn.recv()) is not None:
             served.take(message)
     except (EOFError, OSError):  # the parent is gone
@@ -77,7 +77,7 @@ def main(factory: Factory, first: bool, conn: Connection, cache_bytes: int,
 
 
 class _Served:
-    """The child's orders and calls, each run on one of `parallel` threads (with one:
+    """The child's orders and calls, each run on one thread per slot (with one:
     every decode on that thread, `prepare`'s too; with more they decode on the
     batcher's thread)."""
 
@@ -140,7 +140,7 @@ class _Served:
 
         try:
             outcome = self.slots.run(order, put, lambda: order.id in self._cancelled)
-        except Exception as exc:  # (Engine.run answers its own; this is a slot's failure)
+        except Exception as exc:  # (Slot.run answers its own; this is the slots' failure)
             outcome = Outcome(None, Failure.of(exc))
         finally:
             with self._lock:

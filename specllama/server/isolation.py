@@ -25,8 +25,9 @@ from typing import Any
 
 from .. import Event, SpecLlamaError
 from . import child
+from .calls import CALLS
 from .child import CLOSE_S, Factory
-from .jobs import CALLS, Evaluated, Order, Outcome
+from .jobs import Evaluated, Order, Outcome
 from .pipe import Call, LastWords, Link, LoadFailed, Ready, Reply
 
 __all__ = ["EngineLost", "EngineProcess", "Factory"]
@@ -49,10 +50,10 @@ class EngineProcess:
     """The parent's side: start (or start again) the child, run orders (several at once
     with `parallel` > 1), close."""
 
-    def __init__(self, factory: Factory, cache_bytes: int = 0, parallel: int = 1) -> None:
+    def __init__(self, factory: Factory, cache_bytes: int = 0) -> None:
         self._factory = factory
         self._cache_bytes = cache_bytes  # the prompt cache's limit (promptcache.py)
-        self.parallel = parallel  # orders served at once (slots.py)
+        self.parallel = 1  # orders served at once (slots.py), as the child tells
         self._mp = multiprocessing.get_context("spawn")
         self._proc: Any = None
         self._link: Link | None = None
@@ -71,7 +72,7 @@ class EngineProcess:
         self.starts += 1
         ours, theirs = self._mp.Pipe()
         proc = self._mp.Process(target=child.main, args=(self._factory, first, theirs,
-                                                     self._cache_bytes, self.parallel),
+                                                     self._cache_bytes),
                                 name="specllama-engine", daemon=True)
         self._proc, words = proc, None
         try:
@@ -97,6 +98,7 @@ class EngineProcess:
         assert isinstance(message, Ready)
         self._link = Link(ours, proc)
         self.pid = message.pid
+        self.parallel = message.slots
         return message.info
 
     def prepare(self) -> str | None:
@@ -108,7 +110,7 @@ class EngineProcess:
 
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
-        """As Engine.run, in the child. `cancelled` is read before the order is sent,
+        """As Slot.run, in the child. `cancelled` is read before the order is sent,
         once it is sent and at every message back; a cancel between those reads comes
         through `cancel` (the worker's Job.on_cancel), so none is lost."""
         if cancelled():
@@ -142,7 +144,7 @@ class EngineProcess:
             raise self._lost(link.proc, link.last_words) from None
 
     def call(self, name: str, *args: Any) -> Any:
-        """One of the Engine's CALLS, in the child; its value, or its error raised here."""
+        """One of ChatCalls' CALLS (calls.py), in the child; its value, or its error raised here."""
         assert name in CALLS, name
         link = self._connection()
         call_id = next(self._calls)

@@ -1,13 +1,13 @@
 """One request's generation on a decoder: what the worker asks (an Order), what it
 gets back (events, then an Outcome), and how a failure answers (a Failure).
 
-`Engine` runs orders on a decoder in the calling thread. `specllama serve` runs it in
-an engine process (isolation.py), so these types are plain data that pickle.
+A `Slot` runs orders on a decoder in the calling thread. `specllama serve` runs its
+slots in an engine process (isolation.py), so these types are plain data that pickle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
@@ -22,13 +22,13 @@ from .. import (
     PromptEvaluated,
     SpecLlamaError,
     SpeculativeDecoder,
-    Stats,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
-from ..engine.llama.kvreport import CacheReport, cache_report
-from ..policy.compare import Comparison, compare_with_target
+from ..engine.drafting.chain import Drafters
+from ..engine.llama.kvreport import cache_report
+from .calls import evaluated
 from .promptcache import CacheFigures, PromptCache
 from .prompts import Work
 
@@ -63,13 +63,13 @@ SHUTTING_DOWN = Failure(503, "the server is shutting down", "shutting_down", 5)
 
 @dataclass(frozen=True)
 class Order:
-    """One request as the engine sees it; `id`s grow, so 'cancel up to id' is one number."""
+    """One request as a slot sees it; `id`s grow, so 'cancel up to id' is one number."""
 
     id: int
     work: Work
     events: Literal["end", "text", "all"]  # what to hand over before the Outcome
     draft_max: int | str
-    drafters: tuple[str, ...]
+    drafters: Drafters
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,11 @@ class Outcome:
 
 
 class InProcess:
-    """What the worker asks of an engine process (worker.Decoding), answered by an
-    engine in this process: started once, when made, and never lost."""
+    """What the worker asks of an engine process (worker.Decoding), answered in this
+    process instead: started once, when made, and never lost."""
 
     starts = 1
+    parallel = 1  # requests served at once (slots.Slots: more)
     pid: int | None = None  # (/health's engine_pid)
 
     def cancel(self, order_id: int) -> None:
@@ -108,13 +109,13 @@ class InProcess:
         """Nothing to end at once: `close` closes the decoder."""
 
 
-class Engine(InProcess):
-    """A decoder serving orders one at a time, on the calling thread."""
+class Slot(InProcess):
+    """A decoder serving orders one at a time, on the calling thread (slots.py holds N)."""
 
     def __init__(self, decoder: SpeculativeDecoder,
                  prepare: Callable[[], None] | None = None, cache_bytes: int = 0,
                  prompt_cache: PromptCache | None = None) -> None:
-        """prompt_cache: one shared with other engines (slots.py); else one of
+        """prompt_cache: one shared with other slots (slots.py); else one of
         cache_bytes."""
         self.decoder = decoder
         self._prepare = prepare
@@ -148,7 +149,7 @@ class Engine(InProcess):
             return self._outcome(None, None)
         try:
             self.prompt_cache.prepare(list(work.tokens), d.target,
-                                      d.draft if d.drafter is d.draft else None)
+                                      d.draft if d.draft_model is d.draft else None)
             # Inside the try: arguments refused here must fail this order, not the engine.
             stream = self.decoder.stream(
                 work.tokens,
@@ -168,7 +169,7 @@ class Engine(InProcess):
                     if cancelled():
                         break
                     if isinstance(event, PromptEvaluated) and order.events == "all":
-                        put(Evaluated(self.evaluated()))
+                        put(Evaluated(evaluated(self.decoder)))
                     if isinstance(event, wanted):
                         put(event)
                     if isinstance(event, Finished):
@@ -192,34 +193,9 @@ class Engine(InProcess):
         return self._outcome(result, failure)
 
     def _outcome(self, result: GenerationResult | None, failure: Failure | None) -> Outcome:
-        cache = cache_report(self._history, self.decoder.target, self.decoder.drafter).as_dict()
-        return Outcome(result, failure, cache, self.evaluated(), self.prompt_cache.figures())
+        cache = cache_report(self._history, self.decoder.target, self.decoder.draft_model).as_dict()
+        return Outcome(result, failure, cache, evaluated(self.decoder),
+                       self.prompt_cache.figures())
 
     def close(self) -> None:
         self.decoder.close()
-
-    # ------------------------------------------- what chat asks of a remote decoder
-    def evaluated(self) -> dict[str, int]:
-        d = self.decoder
-        counts = {"target": d.target.tokens_evaluated}
-        if d.draft is not None:
-            counts["draft"] = d.draft.tokens_evaluated
-        return counts
-
-    def sync(self, name: str, tokens: Sequence[int]) -> int:
-        """One model's cache ("target" or "draft") brought to `tokens`, as Model.sync_to."""
-        model = self.decoder.target if name == "target" else self.decoder.drafter
-        return model.sync_to(list(tokens)) if model is not None else 0
-
-    def cache_report(self, history: Sequence[int]) -> CacheReport:
-        return cache_report(history, self.decoder.target, self.decoder.drafter)
-
-    def compare(self, stats: Stats) -> Comparison:
-        return compare_with_target(self.decoder, stats)
-
-    def set_p_min(self, value: float) -> None:
-        self.decoder.p_min = value
-
-
-#: The Engine methods an engine process answers besides orders (isolation.py).
-CALLS = frozenset({"evaluated", "sync", "cache_report", "compare", "set_p_min"})

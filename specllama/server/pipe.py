@@ -16,6 +16,7 @@ from typing import Any
 class Ready:
     info: Any
     pid: int
+    slots: int  # requests served at once: the sequences the models were loaded with
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class LastWords:
 @dataclass(frozen=True)
 class Call:
     id: int  # negative: apart from orders' ids
-    name: str  # one of jobs.CALLS
+    name: str  # one of calls.CALLS
     args: tuple[Any, ...]
 
 

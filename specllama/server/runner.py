@@ -103,7 +103,6 @@ def serve(
         draft_max=config.draft_max,
         drafters=config.drafters,
         log=log,
-        parallel=config.parallel,
     )
     # A flood of requests gets a 503 in the API's shape instead of stalling everyone.
     app = Limit(create_app(worker, config, vocab, log), config.limit_concurrency)

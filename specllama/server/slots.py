@@ -1,11 +1,11 @@
-"""Several requests at once on one engine (`serve --parallel N`): N slots.
+"""Several requests at once on one pair (`serve --parallel N`): N slots.
 
-A slot is an `Engine` whose decoder's models are one sequence each of a target context
+A `Slot` (jobs.py) is a decoder whose models are one sequence each of a target context
 and a draft context that hold N (engine/llama/batched.py); all share one prompt cache.
 A request takes the free slot whose cache shares the longest prefix with its prompt (a
 conversation's next turn finds its own), and runs there on the caller's thread while
 the batcher decodes every slot's drafts, then rounds, together. With N = 1 there is one
-plain Engine, as before: its decodes run on the calling thread.
+plain Slot, as before: its decodes run on the calling thread.
 """
 
 from __future__ import annotations
@@ -19,25 +19,26 @@ from typing import Any
 from .. import Event, SpeculativeDecoder
 from ..engine.llama.batched import Batcher, SeqView
 from ..engine.llama.mtp import MtpDraft
-from .jobs import Engine, Evaluated, InProcess, Order, Outcome
+from .calls import ChatCalls
+from .jobs import Evaluated, InProcess, Order, Outcome, Slot
 from .promptcache import CacheFigures, PromptCache, shared
 
 
 class Slots(InProcess):
-    """N engines sharing one target context; `run` is safe from N threads at once."""
+    """N slots sharing one target context; `run` is safe from N threads at once."""
 
-    def __init__(self, decoder: SpeculativeDecoder, n: int,
+    def __init__(self, decoder: SpeculativeDecoder,
                  prepare: Callable[[], None] | None = None, cache_bytes: int = 0,
                  on_lost: Callable[[str], None] | None = None) -> None:
-        """decoder: its models loaded with n sequences (Model(n_seq=n)) when n > 1.
-        on_lost(why): the batcher's compute thread died or hangs (Batcher)."""
-        self.n = n
+        """decoder: one slot per sequence its target was loaded with (Model(n_seq)): N
+        is set once, where `serve --parallel N` loads the models. on_lost(why): the
+        batcher's compute thread died or hangs (Batcher)."""
+        self.n = n = decoder.target.n_seq
         self.prompt_cache = PromptCache(cache_bytes)
-        self._first = Engine(decoder, prepare, prompt_cache=self.prompt_cache)
+        self._first = Slot(decoder, prepare, prompt_cache=self.prompt_cache)
         self.batcher: Batcher | None = None
-        self.engines = [self._first]
+        self.slots = [self._first]
         if n > 1:
-            assert decoder.target.n_seq >= n, "load the models with n_seq=n"
             assert decoder.draft is None or decoder.draft.n_seq >= n \
                 or isinstance(decoder.draft, MtpDraft), "the draft too"
             self.batcher = Batcher(decoder.target, on_lost)
@@ -53,10 +54,10 @@ class Slots(InProcess):
         first.target.clear()  # (sequence 0: what measuring left)
         if first.draft is not None:
             first.draft.clear()
-        self.engines = [self._slot(s) for s in range(self.n)]
+        self.slots = [self._slot(s) for s in range(self.n)]
         return why
 
-    def _slot(self, seq: int) -> Engine:
+    def _slot(self, seq: int) -> Slot:
         """Slot `seq`: its views of the models, auto's measured costs, and the one suffix
         cache (its corpus, the history of every slot's answers)."""
         first = self._first.decoder
@@ -72,22 +73,22 @@ class Slots(InProcess):
                                      cross_vocab=first.cross_vocab)
         decoder.policy_state = copy.deepcopy(first.policy_state)
         decoder.threads = first.threads
-        decoder.suffix_cache = first.suffix_cache  # each slot drafts from all answers
-        return Engine(decoder, prompt_cache=self.prompt_cache)
+        decoder.draft_cache = first.draft_cache  # each slot drafts from all answers
+        return Slot(decoder, prompt_cache=self.prompt_cache)
 
     # --------------------------------------------------------------- serving
     def run(self, order: Order, put: Callable[[Event | Evaluated], None],
             cancelled: Callable[[], bool]) -> Outcome:
-        assert len(self.engines) == self.n, "prepare() makes the slots"
+        assert len(self.slots) == self.n, "prepare() makes the slots"
         with self._slot_for(list(order.work.tokens)) as seq:
-            # Active in the batcher only while it generates (Engine.run), not while it
+            # Active in the batcher only while it generates (Slot.run), not while it
             # sets up or tidies up: batches would wait for its share meanwhile.
-            return self.engines[seq].run(order, put, cancelled, lambda: self._active(seq))
+            return self.slots[seq].run(order, put, cancelled, lambda: self._active(seq))
 
     def call(self, name: str, *args: Any) -> Any:
-        """One of the Engine's CALLS (jobs.py), on a free slot."""
+        """One of ChatCalls' CALLS (calls.py), on a free slot."""
         with self._slot_for([]) as seq, self._active(seq):
-            return getattr(self.engines[seq], name)(*args)
+            return getattr(ChatCalls(self.slots[seq].decoder), name)(*args)
 
     def _active(self, seq: int) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext() if self.batcher is None else self.batcher.active(seq)
@@ -99,7 +100,7 @@ class Slots(InProcess):
             while not self._free:
                 self._cond.wait()
             best = max(self._free, key=lambda s: shared(
-                self.engines[s].decoder.target.cached, prompt))
+                self.slots[s].decoder.target.cached, prompt))
             self._free.remove(best)
         try:
             yield best
@@ -108,14 +109,18 @@ class Slots(InProcess):
                 self._free.append(best)
                 self._cond.notify()
 
+    @property
+    def parallel(self) -> int:  # type: ignore[override]
+        return self.n
+
     def figures(self) -> CacheFigures:
         return self.prompt_cache.figures()
 
     def close(self) -> None:
         first = self._first
-        for engine in self.engines:
-            if engine is not first:
-                engine.close()  # views: the contexts stay (the history saved once)
+        for slot in self.slots:
+            if slot is not first:
+                slot.close()  # views: the contexts stay (the history saved once)
         if self.batcher is not None:
             self.batcher.close()
         first.close()

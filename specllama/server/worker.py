@@ -1,12 +1,12 @@
-"""One engine, many clients: worker threads serve jobs from a bounded FIFO queue, one
-thread per request the engine serves at once (`serve --parallel N`, slots.py).
+"""One pair, many clients: worker threads serve jobs from a bounded FIFO queue, one
+thread per slot (`serve --parallel N`, slots.py).
 
-The engine (jobs.Engine, in `specllama serve` inside an engine process: isolation.py)
-blocks while it generates, so it is driven from these threads, never the event loop. Only
+A slot (jobs.Slot; in `specllama serve` inside an engine process: isolation.py) blocks
+while it generates, so it is driven from these threads, never the event loop. Only
 the events a request reads cross over (a non-streaming one: only the end), and the event
 loop is woken at most once for however many are waiting: every wake-up is a thread
 taking a core from llama.cpp's, whose threads wait for each other at every step
-(docs/performance.md, "specllama serve beside llama-server"). A job cancelled (client
+(docs/lab/2026-12-serve.md, "specllama serve beside llama-server"). A job cancelled (client
 gone, server stopping) stops at the next round, or a long prompt's next step; a cancel
 that races the order to the engine process is never lost (isolation.py, pipe.py).
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from .. import Event, SpecLlamaError, Stats
+from .. import Drafters, Event, SpecLlamaError, Stats
 from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable
 from .isolation import EngineLost
 from .jobs import SHUTTING_DOWN, Evaluated, Failure, Order, Outcome
@@ -41,12 +41,14 @@ BACKOFF_MAX_S = 10.0
 
 class Decoding(Protocol):
     """What the worker drives: an engine process (isolation.EngineProcess) or one in
-    this process (jobs.Engine, slots.Slots: never lost, nothing to cancel or kill)."""
+    this process (jobs.Slot, slots.Slots: never lost, nothing to cancel or kill)."""
 
     @property
     def starts(self) -> int:
         """Times started: a job begun at another count had an engine since lost."""
 
+    @property
+    def parallel(self) -> int: ...  # requests served at once: the models' sequences
     @property
     def pid(self) -> int | None:
         """The engine process's (/health's engine_pid); None in this process."""
@@ -126,13 +128,12 @@ class Worker:
         *,
         max_waiting: int,
         draft_max: int | str,
-        drafters: tuple[str, ...],
+        drafters: Drafters,
         log: Callable[[str], None] | None = None,
-        parallel: int = 1,
     ) -> None:
-        """parallel: requests the engine serves at once."""
+        """engine: started already; it serves `engine.parallel` requests at once."""
         self.engine = engine
-        self.parallel = parallel
+        self.parallel = parallel = engine.parallel
         self._prepared = threading.Event()
         self.draft_max = draft_max
         self.drafters = drafters
@@ -234,8 +235,8 @@ class Worker:
     def _run(self, index: int) -> None:
         # Every llama.cpp decode of an in-process engine happens on thread 0 (with
         # --parallel, on the batcher's), `prepare`'s too: llama.cpp's OpenMP keeps a
-        # team of threads per thread that ever decoded, and decodes ran at 0.6x (2
-        # cores) once the main thread had decoded as well.
+        # team of threads per thread that ever decoded, and decodes ran far slower once
+        # the main thread had decoded too (docs/lab/2026-12-serve.md, "The cause, and the fix").
         if index == 0:
             try:
                 why = self.engine.prepare()

@@ -7,16 +7,10 @@ import sys
 import click
 
 from ... import SpeculativeDecoder
-from ..options import (
-    RunOptions,
-    model_options,
-    open_decoder,
-    run_options,
-    sampling_options,
-    view_options,
-)
-from ..ui import stderr_console
-from .remote import RemoteDecoder, target_is_remote
+from ...console import stderr_console
+from ...loading import RunOptions, open_decoder, target_is_remote
+from ..options import model_options, run_options, sampling_options, view_options
+from .remote import RemoteDecoder
 from .repl import ChatREPL
 from .session import ChatSession
 

@@ -13,35 +13,18 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ... import Event, GenerationResult, SpecLlamaError, SpeculativeDecoder, Stats
-from ...engine.drafting.chain import slot_of
+from ... import Event, GenerationResult, SpecLlamaError, Stats
+from ...engine.drafting.chain import Drafters
 from ...engine.llama import Vocabulary
 from ...engine.llama.kvreport import CacheReport
+from ...loading import RunOptions, RunSettings, chat_engine
 from ...policy.compare import Comparison
 from ...server.isolation import EngineLost, EngineProcess
 from ...server.jobs import Evaluated, Order, Outcome
 from ...server.prompts import Work
-from ..options import RunOptions, RunSettings, find_and_load_config, open_decoder, resolve_settings
-from ..ui import stderr_console
 from .signals import sigint_ignored, whole_messages
 
 RETRY_HINT = "the conversation is kept; /retry sends your message again"
-
-
-def target_is_remote(run: RunOptions) -> bool:
-    """--rpc, or a pair whose target lists RPC servers (models.toml)."""
-    pair = None if run.target else find_and_load_config(run.config_path).pair(run.pair_name)
-    merged = resolve_settings(run, pair)
-    return bool(merged.rpc or (pair.target_rpc if pair else ()))
-
-
-def load_engine(run: RunOptions, first: bool) -> tuple[SpeculativeDecoder, Any, Any]:
-    """In the engine process: load as `chat` does (costs measured on this, the decoding
-    thread); tell the settings, the draft's file and what it drafts as (a draft model, or
-    the target's own MTP layers)."""
-    decoder, settings = open_decoder(run, stderr_console(plain=not first))
-    draft = str(decoder.draft.path) if decoder.draft is not None else None
-    return decoder, lambda: None, (settings, draft, slot_of(decoder.draft))
 
 
 class RemoteModel(Vocabulary):
@@ -68,7 +51,7 @@ class RemoteDecoder:
     """The parts of SpeculativeDecoder that chat uses, over an engine process."""
 
     def __init__(self, run: RunOptions) -> None:
-        self._engine = EngineProcess(functools.partial(load_engine, run))
+        self._engine = EngineProcess(functools.partial(chat_engine, run))
         settings, draft, slot = self._engine.start()
         self.settings: RunSettings = settings
         self.n_ctx: int = settings.n_ctx
@@ -78,7 +61,7 @@ class RemoteDecoder:
         self._orders = 0
         self.target = RemoteModel(settings.target, "target", self)
         self.draft = RemoteModel(draft, "draft", self, slot) if draft else None
-        self.drafter = self.draft  # in the engine process the draft is synced in target ids
+        self.draft_model = self.draft  # in the engine process the draft is synced in target ids
 
     @property
     def p_min(self) -> float:
@@ -111,7 +94,7 @@ class RemoteDecoder:
         self._engine.call("set_p_min", self._p_min)
 
     def stream(self, tokens: Sequence[int], *, max_tokens: int, sampling: Any,
-               draft_max: int | str, drafters: tuple[str, ...], stop: Sequence[str] = (),
+               draft_max: int | str, drafters: Drafters, stop: Sequence[str] = (),
                keep_cache: bool = True, constraint: Any = None,
                draft_prompt: Sequence[int] | None = None) -> RemoteStream:
         self._ensure()

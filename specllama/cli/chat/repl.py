@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
+from ...console import stderr_console
 from ...engine.loop.events import (
     DraftProposed,
     Event,
@@ -25,7 +26,7 @@ from ...errors import InvalidParameterError, SpecLlamaError
 from ...policy.cpumeter import CpuMeter
 from ..liveview import LiveDrafts
 from ..trace import token_piece
-from ..ui import TokenPrinter, stats_footer, stats_table, stderr_console
+from ..ui import TokenPrinter, stats_footer, stats_table
 from .session import ChatSession, HistoryTrimmed
 from .signals import sigint_ignored
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from ...engine.drafting.chain import check_drafters, default_drafters, slot_of
+from ...engine.drafting.chain import Drafters, draft_kind
 from ...engine.llama.kvreport import CacheReport, cache_report
 from ...engine.loop.events import Event, PromptEvaluated
 from ...engine.loop.stats import Stats
 from ...engine.settings import LIVE_SETTINGS, SETTINGS
 from ...errors import ContextOverflowError, InvalidParameterError
+from ...loading import RunSettings
 from ...policy.compare import Comparison, compare_with_target
-from ..options import RunSettings
 from ..trace import TraceRecorder, token_piece
 from .prompt import (
     PLAIN_STOP,
@@ -255,7 +255,7 @@ class ChatSession:
             # Stopped (or failed) before the first token: the turn never happened.
             self.messages.pop()
             self.trace.generations.pop()
-            for model in (target, self.decoder.drafter):
+            for model in (target, self.decoder.draft_model):
                 if model is not None:
                     model.sync_to(self.committed[:-1])
             return
@@ -283,9 +283,8 @@ class ChatSession:
         """Change a setting; `value` may be a string as typed after /set."""
         key, value = parse_setting(name, value if isinstance(value, str) else str(value))
         if key == "drafters":
-            slot = slot_of(self.decoder.draft)
-            value = check_drafters(value or default_drafters(slot), slot,
-                                   self.decoder.target.path.name)
+            kind = draft_kind(self.decoder.draft)
+            value = (value or Drafters.default(kind)).check(kind, self.decoder.target.path.name)
         elif key == "p_min":
             self.decoder.p_min = value
         self.settings = dataclasses.replace(self.settings, **{key: value})
@@ -310,7 +309,7 @@ class ChatSession:
         """Both caches against the token history (for /debug-cache and tests)."""
         if isinstance(self.decoder, RemoteDecoder):
             return self.decoder.cache_report(self.committed)
-        return cache_report(self.committed, self.decoder.target, self.decoder.drafter)
+        return cache_report(self.committed, self.decoder.target, self.decoder.draft_model)
 
     def compare(self) -> Comparison:
         """The session's speed against the target alone, from measured costs."""

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...engine.drafting.chain import show_drafters
+from ...engine.drafting.chain import Drafters
 from ...engine.loop.stats import Stats
 from ...errors import InvalidParameterError
-from ..options import RunSettings
+from ...loading import RunSettings
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _markdown(data: dict[str, Any]) -> str:
     lines.append(f"- draft: `{s['draft']}`")
     lines.append(
         f"- temperature {s['temperature']}, top_k {s['top_k']}, top_p {s['top_p']}, "
-        f"min_p {s['min_p']}, draft_max {s['draft_max']}, drafters {show_drafters(s['drafters'])}"
+        f"min_p {s['min_p']}, draft_max {s['draft_max']}, drafters {Drafters(s['drafters'])}"
     )
     lines.append("")
     if data["system"]:

@@ -35,77 +35,81 @@ from .model import ModelDrafter
 DRAFTER_NAMES = ("lookup", "model", "lookup>model", "mtp")
 #: Words for common chains (the former draft modes).
 SHORTHANDS: dict[str, tuple[str, ...]] = {"hybrid": ("lookup", "model")}
-#: With a draft model: lookup where the text repeats itself, the draft model elsewhere.
-#: Measured (Intel Xeon, 2 threads, built-in prompts, greedy): 1.09x the target alone with
-#: the default pair, whose model draft alone never pays (1.00x), and 1.26x with
-#: smollm2-f32 (1.03x); at T = 0.8 1.00x and 1.03x (0.99x and 1.00x the model alone).
-DEFAULT_DRAFTERS: tuple[str, ...] = ("lookup", "model")
 NEED_MODEL = frozenset({"model", "lookup>model", "mtp"})  # one of them at most
-#: What holds the draft slot: a draft model, the target's MTP layers, nothing; None: unknown.
-DraftSlot = Literal["model", "mtp", "none"]
+#: What holds the draft model's place: a draft model, the target's MTP layers, nothing.
+DraftKind = Literal["model", "mtp", "none"]
 
 
-def slot_of(model: object | None) -> DraftSlot:
+def draft_kind(model: object | None) -> DraftKind:
     """What a pair's draft (a DraftModel, or chat's view of one in another process) is."""
     if model is None:
         return "none"
     return "mtp" if getattr(model, "drafts_as", "model") == "mtp" else "model"
 
 
-def default_drafters(slot: DraftSlot, alone: Drafters = ("lookup",)) -> Drafters:
-    """Who drafts unless told: lookup, then what holds the draft slot (`alone` if none)."""
-    return alone if slot == "none" else ("lookup", slot)
+class Drafters(tuple[str, ...]):
+    """Who drafts, in order: names `--drafters` takes, parsed once where they come in
+    (a flag, models.toml, /set, an API argument) and passed on as this value; () for
+    nobody (the target alone)."""
 
-Drafters = tuple[str, ...]
+    __slots__ = ()
+
+    @classmethod
+    def parse(cls, value: object) -> Drafters:
+        """`--drafters` text ("lookup,model"), a models.toml list, or a shorthand;
+        InvalidParameterError for anything else."""
+        if isinstance(value, Drafters):
+            return value
+        if isinstance(value, str):
+            items = SHORTHANDS.get(value.strip()) or tuple(
+                v.strip() for v in value.split(",") if v.strip())
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            items = tuple(v.strip() for v in value)
+        else:
+            raise InvalidParameterError(f"drafters must be names separated by commas, "
+                                        f"got {value!r}")
+        unknown = [v for v in items if v not in DRAFTER_NAMES]
+        if unknown or not items:
+            raise InvalidParameterError(
+                f"drafters must be some of {', '.join(DRAFTER_NAMES)} in order (or "
+                f"{', '.join(SHORTHANDS)}), got {', '.join(unknown) or 'none'}")
+        if len(set(items)) < len(items) or len(NEED_MODEL & set(items)) > 1:
+            raise InvalidParameterError(f"drafters name each drafter once and one draft "
+                                        f"model at most, got {','.join(items)}")
+        return cls(items)
+
+    @classmethod
+    def default(cls, kind: DraftKind) -> Drafters:
+        """Who drafts unless told, the one rule: lookup where the text repeats itself,
+        then what drafts as the draft model (a draft model, or the target's MTP layers).
+        docs/performance.md has what each measured."""
+        return cls(("lookup",) if kind == "none" else ("lookup", kind))
+
+    def check(self, kind: DraftKind, target: str = "the target") -> Drafters:
+        """These names, refused where they need a draft this pair does not have."""
+        if "mtp" in self and kind != "mtp":
+            raise InvalidParameterError(
+                f"drafters mtp draft with the target's own MTP layers, and {target} has "
+                "none" if kind == "none" else "drafters mtp draft with the target's own "
+                "MTP layers, not with a draft model: name model instead")
+        if kind == "none" and NEED_MODEL & set(self):
+            raise InvalidParameterError(
+                f"drafters {self} need a draft model, but this pair has none "
+                "(it drafts by lookup)")
+        if kind == "mtp" and {"model", "lookup>model"} & set(self):
+            raise InvalidParameterError(
+                f"drafters {self} need a draft model; {target} drafts for itself "
+                "with its MTP layers: name mtp instead")
+        return self
+
+    def __str__(self) -> str:
+        return ",".join(self) if self else "none"
+
+    def __repr__(self) -> str:
+        return f"Drafters({str(self)!r})"
 
 
-def parse_drafters(value: object) -> Drafters:
-    """`--drafters` text ("lookup,model"), a models.toml list, or a shorthand, as names;
-    InvalidParameterError for anything else."""
-    if isinstance(value, str):
-        items = SHORTHANDS.get(value.strip()) or tuple(
-            v.strip() for v in value.split(",") if v.strip())
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        items = tuple(v.strip() for v in value)
-    else:
-        raise InvalidParameterError(f"drafters must be names separated by commas, "
-                                    f"got {value!r}")
-    unknown = [v for v in items if v not in DRAFTER_NAMES]
-    if unknown or not items:
-        raise InvalidParameterError(
-            f"drafters must be some of {', '.join(DRAFTER_NAMES)} in order (or "
-            f"{', '.join(SHORTHANDS)}), got {', '.join(unknown) or 'none'}")
-    if len(set(items)) < len(items) or len(NEED_MODEL & set(items)) > 1:
-        raise InvalidParameterError(f"drafters name each drafter once and one draft model "
-                                    f"at most, got {','.join(items)}")
-    return items
-
-
-def check_drafters(value: object, slot: DraftSlot | None = None,
-                   target: str = "the target") -> Drafters:
-    """The names, refused where they need what the draft slot does not hold (unknown when
-    None): the command line, /set and the API share this one rule."""
-    names = parse_drafters(value)
-    if slot is None:
-        return names
-    if "mtp" in names and slot != "mtp":
-        raise InvalidParameterError(
-            f"drafters mtp draft with the target's own MTP layers, and {target} has none"
-            if slot == "none" else "drafters mtp draft with the target's own MTP layers, "
-            "not with a draft model: name model instead")
-    if slot == "none" and NEED_MODEL & set(names):
-        raise InvalidParameterError(
-            f"drafters {','.join(names)} need a draft model, but this pair has none "
-            "(it drafts by lookup)")
-    if slot == "mtp" and {"model", "lookup>model"} & set(names):
-        raise InvalidParameterError(
-            f"drafters {','.join(names)} need a draft model; {target} drafts for itself "
-            "with its MTP layers: name mtp instead")
-    return names
-
-
-def show_drafters(names: Sequence[str]) -> str:
-    return ",".join(names) if names else "none"
+NOBODY = Drafters()
 
 
 class DraftChain:
@@ -151,15 +155,15 @@ class DraftChain:
             d.end(committed)
 
 
-def build_chain(names: Sequence[str], *, model: DraftModel | None, p_min: float,
+def build_chain(names: Drafters, *, model: DraftModel | None, p_min: float,
                 ends: Callable[[int], bool], shadow: bool, archives: Archives,
                 constraint: Constraint | None = None, ahead: int = 0,
                 ahead_threads: int = 0) -> DraftChain:
-    """The chain of `names` (checked: `check_drafters`) over the pair's draft model (None:
-    none loaded) and what lookups may copy from; `constraint`: its forced tokens first;
-    `ahead`: the draft model drafts that many tokens ahead, on `ahead_threads` threads,
-    while the target verifies."""
-    names = check_drafters(names, slot_of(model)) if names else ()
+    """The chain of `names` (checked against the draft model's place: Drafters.check) over the
+    pair's draft model (None: none loaded) and what lookups may copy from; `constraint`:
+    its forced tokens first; `ahead`: the draft model drafts that many tokens ahead, on
+    `ahead_threads` threads, while the target verifies."""
+    names.check(draft_kind(model))
     lookup = LookupDrafter(archives=archives) if {"lookup", "lookup>model"} & set(names) \
         else None
     drafters: list[Drafter] = [ForcedDrafter(constraint)] if constraint is not None else []

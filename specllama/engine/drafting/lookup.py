@@ -7,7 +7,7 @@ after the shortest match; a match at n_max is measured further back). On a CPU, 
 verifying k+1 tokens costs several single steps, this keeps spurious short matches
 (common words) cheap and lets real copying run long. The occurrences that match are
 pooled and the draft is their likeliest common continuation, each token with its share
-of the pool (`Chain.probs`), which the policy's `extend` may cut at.
+of the pool (`Continuation.probs`), which the policy's `extend` may cut at.
 
 Exactness: a lookup draft is a deterministic function of the committed tokens, so its
 proposal distribution q puts all mass on the proposed token (q None); the acceptance
@@ -32,7 +32,7 @@ POOL = 16
 
 
 @dataclass(frozen=True)
-class Chain:
+class Continuation:
     """A lookup continuation: each token with the share of the pooled occurrences that
     agree with it, given the tokens before it (the cache's own probability), and
     where the text it was copied from was seen."""
@@ -42,7 +42,7 @@ class Chain:
     origin: Origin
 
 
-def likeliest_chain(continuations: Sequence[Sequence[int]], k: int) -> tuple[
+def likeliest_continuation(continuations: Sequence[Sequence[int]], k: int) -> tuple[
         list[int], list[float], int]:
     """The likeliest continuation of k tokens at most: at each step the token most of
     the continuations still agreeing have next (a tie goes to the earliest given), its
@@ -117,7 +117,7 @@ class LookupDrafter:
             return Draft()
         if self.feeds is not None and self.feeds.drafting and self.follows():
             return Draft()
-        chain = self.chain(ask.context, ask.choose("lookup", self.match_length()))
+        chain = self.continuation(ask.context, ask.choose("lookup", self.match_length()))
         return _lookup_draft(chain, ask)
 
     def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
@@ -168,13 +168,13 @@ class LookupDrafter:
         followed = self._found.followed
         return max(f.length for f in followed) if followed else self._found.best
 
-    def chain(self, committed: Sequence[int], k: int) -> Chain | None:
+    def continuation(self, committed: Sequence[int], k: int) -> Continuation | None:
         """The lookup continuation of `committed` (at most k tokens; None without a match)."""
         found = self._search(committed)
         if k <= 0:
             return None
         if found.followed:
-            return self._follow_chain(found.followed, k)
+            return self._follow(found.followed, k)
         if found.best == 0:
             return None
         if self.cap_by_match:
@@ -187,7 +187,7 @@ class LookupDrafter:
             for p in positions[: POOL - len(pool)]:
                 pool.append(self.archives[i][0].continuation(p, k))
                 where.append((i, p))
-        tokens, probs, first = likeliest_chain(pool, k)
+        tokens, probs, first = likeliest_continuation(pool, k)
         if not tokens:
             return None
         for (i, p), cont in zip(where, pool):
@@ -196,21 +196,21 @@ class LookupDrafter:
                                       Trail(p, found.best))
         i, p = where[first]
         if i < 0:
-            return Chain(tokens, probs, "context")
+            return Continuation(tokens, probs, "context")
         self.archives[i][0].touch(p)
-        return Chain(tokens, probs, self.following.origin(i, p))
+        return Continuation(tokens, probs, self.following.origin(i, p))
 
-    def _follow_chain(self, followed: list[Followed], k: int) -> Chain | None:
+    def _follow(self, followed: list[Followed], k: int) -> Continuation | None:
         """The likeliest common continuation of the followed documents from where the
         text stands in each: a reply of one shape drafts its fixed parts from earlier
         replies, each token with its share of agreeing documents (the values differ)."""
         pool = [self.archives[f.archive][0].continuation(f.pos, k) for f in followed]
-        tokens, probs, first = likeliest_chain(pool, k)
+        tokens, probs, first = likeliest_continuation(pool, k)
         if not tokens:
             return None
         f = followed[first]
         self.archives[f.archive][0].touch(f.pos)
-        return Chain(tokens, probs, self.following.origin(f.archive, f.pos))
+        return Continuation(tokens, probs, self.following.origin(f.archive, f.pos))
 
     # ------------------------------------------------------------ feeding a model
     def splices(self) -> bool:
@@ -243,7 +243,7 @@ class LookupDrafter:
         return out[:k]
 
 
-def _lookup_draft(chain: Chain | None, ask: Ask) -> Draft:
+def _lookup_draft(chain: Continuation | None, ask: Ask) -> Draft:
     """A lookup chain, cut where the policy's `extend` says its next token is not worth
     verifying at its probability, or where a constraint stops allowing it: a token it
     forbids has p = 0, so verifying it would be a step spent for nothing."""

@@ -74,7 +74,7 @@ def amx_built_in() -> bool:
     with AMX). Built by GCC 12 they crash on every batch of 2 or more quantized tokens
     (the compiler drops the stores that fill the tile configuration; llama.cpp issue
     20824), so such a build loads models without extra buffer types, AMX's kind
-    (docs/performance.md: no decode of 1-8 tokens got slower)."""
+    (docs/lab/2026-12-local-generation.md, "A crash on this CPU, fixed")."""
     info = lc.llama_print_system_info().decode("utf-8", errors="replace")
     return "AMX_INT8 = 1" in info
 

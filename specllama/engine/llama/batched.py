@@ -6,7 +6,7 @@ to the `Batcher` and waits; once every generation in progress has handed in its 
 (its verify tokens, or a chunk of a new prompt), the batcher decodes them all in one
 llama_decode and each view reads its own rows. So a round of four requests costs one
 target pass of ~4(k+1) tokens, which on a CPU costs far less than four passes
-(docs/performance.md, "Several requests at once").
+(docs/performance.md, the table, row 18; docs/lab/2026-12-parallel.md).
 
 The draft model is shared the same way: a context of N sequences, each generation's
 draft steps batched with the others' drafting at the same time (a batch fires once

@@ -28,9 +28,9 @@ from .gguf import check_gguf_file
 from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
 from .vocab import Vocabulary
 
-# llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine,
-# ruinous when another process takes a core; hence the default thread count of
-# cli/options.py rather than another wait policy (docs/performance.md).
+# llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine, ruinous
+# when another process takes a core; hence the default thread count of cli/options.py rather than
+# another wait policy (docs/lab/2026-12-local-generation.md, "A busy machine: threads and waiting").
 
 LogitsWanted = Literal["none", "last", "all"]
 

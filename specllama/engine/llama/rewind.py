@@ -31,7 +31,7 @@ Rewind = Literal["trim", "snapshot", "copy"]
 #: Per-token states llama.cpp keeps for a rollback (`n_rs_seq`): the longest draft a
 #: target verifies in one batch and still cuts back without a copy (auto drafts 8 at
 #: most). Each costs one recurrent state per sequence and its spare: 19 MiB each on the
-#: qwen3.5-2b layout, ~50 MiB on a Qwen3.5 9B (docs/performance.md, "Hybrid models").
+#: qwen3.5-2b layout, ~50 MiB on a Qwen3.5 9B (docs/lab/2026-12-hybrid-mtp.md).
 SNAPSHOTS = 8
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from ... import GenerationResult
+from ...engine.drafting.chain import Drafters
 
 EXTRA_KEY = "speculative"
 
 
 def figures(
-    result: GenerationResult, *, draft_max: int | str, drafters: tuple[str, ...],
+    result: GenerationResult, *, draft_max: int | str, drafters: Drafters,
     queue_s: float
 ) -> dict[str, Any]:
     """What speculation did for this request."""

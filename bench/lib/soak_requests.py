@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.processes import Serve
+from bench.lib.processes import Serve
 
 # Common English words, all whole tokens of tests/tinymodels.py's vocabulary too.
 WORDS = ("the a of and to in is it that was for on are with as I he she they we you hello "

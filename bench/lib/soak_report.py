@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from bench.common import percentile
-from bench.soak_requests import KINDS, Run
+from bench.lib.common import percentile
+from bench.lib.soak_requests import KINDS, Run
 
 
 def spread(xs: list[float]) -> dict[str, float | None]:

@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ...engine.drafting.chain import parse_drafters
+from ...engine.drafting.chain import Drafters
 from ...engine.settings import DRAFT_MAX_LIMIT
 from ...errors import InvalidParameterError
 
@@ -108,9 +108,9 @@ class Mode:
     draft_max: int | str
     #: Lookups copy from the suffix cache (earlier outputs, a corpus); "context" is auto
     #: with lookups over each call's own context only (as before the cache).
-    suffix_cache: bool = True
+    draft_cache: bool = True
     #: Who drafts ("auto@lookup>model"); None: the run's --drafters.
-    drafters: tuple[str, ...] | None = None
+    drafters: Drafters | None = None
 
     @property
     def fixed_k(self) -> int | None:
@@ -127,13 +127,13 @@ def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
         item, at, chain = raw.strip().lower().partition("@")
         if not item:
             continue
-        drafters = parse_drafters(chain.split("+")) if at else None
+        drafters = Drafters.parse(chain.split("+")) if at else None
         if item in ("target", "0", "k=0", "k0"):
             mode = Mode("target", 0)
         elif item in ("auto", "heuristic"):
             mode = Mode(item, item)
         elif item == "context":
-            mode = Mode(item, "auto", suffix_cache=False)
+            mode = Mode(item, "auto", draft_cache=False)
         else:
             digits = item.removeprefix("k=").removeprefix("k")
             if not digits.isdigit() or not 1 <= int(digits) <= DRAFT_MAX_LIMIT:
@@ -144,7 +144,7 @@ def parse_modes(spec: str | Sequence[str]) -> list[Mode]:
             mode = Mode(f"k={int(digits)}", int(digits))
         if drafters is not None and mode.draft_max != 0:
             mode = Mode(f"{mode.name}@{'+'.join(drafters)}", mode.draft_max,
-                        mode.suffix_cache, drafters)
+                        mode.draft_cache, drafters)
         if mode not in modes:
             modes.append(mode)
     if not modes:

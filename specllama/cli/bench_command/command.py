@@ -10,17 +10,11 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from ...console import stderr_console
 from ...errors import InvalidParameterError
+from ...loading import RunOptions, open_decoder
 from ...policy.cpumeter import loadavg
-from ..options import (
-    RECALIBRATE_OPTION,
-    RunOptions,
-    model_options,
-    open_decoder,
-    run_options,
-    setting_option,
-)
-from ..ui import stderr_console
+from ..options import RECALIBRATE_OPTION, model_options, run_options, setting_option
 from .prompts import BUILTIN_SETS, DEFAULT_MODES, builtin_prompts, load_prompts, parse_modes
 from .report import (
     describe_environment,

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_pair_options, resolve_models
+from bench.lib.common import add_pair_options, resolve_models
 
 TOOLS = ("llama-speculative-simple", "llama-bench", "llama-server", "llama-lookup-create")
 
@@ -135,7 +135,7 @@ def add_comparison_options(p: argparse.ArgumentParser) -> None:
 
 def comparison_prompts(args: argparse.Namespace) -> list[Any]:
     """The prompts --prompts and --prompt-ids choose."""
-    from specllama.cli.bench.prompts import builtin_prompts, load_prompts
+    from specllama.cli.bench_command.prompts import builtin_prompts, load_prompts
 
     prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
     if args.prompt_ids:

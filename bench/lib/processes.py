@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from bench.common import SPECLLAMA
+from bench.lib.common import SPECLLAMA
 
 #: What `specllama serve` prints once it answers.
 READY = re.compile(r"serving (\S+) at (http://\S+)/v1")

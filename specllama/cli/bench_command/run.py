@@ -11,7 +11,7 @@ from typing import Any
 
 from ...engine.constraint import ConstraintSpec
 from ...engine.decoder import SpeculativeDecoder
-from ...engine.drafting.chain import check_drafters, show_drafters, slot_of
+from ...engine.drafting.chain import Drafters, draft_kind
 from ...engine.llama import LLAMA_CPP_VERSION
 from ...engine.loop.events import GenerationResult
 from ...engine.sampling import SamplingParams
@@ -45,7 +45,7 @@ class _Bench:
     reps: int
     max_tokens: int
     sampling: SamplingParams
-    drafters: tuple[str, ...] | None
+    drafters: Drafters | None
     raw: bool
     carry: bool
     constraint: ConstraintSpec | None
@@ -66,12 +66,12 @@ class _Bench:
         params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                 min_p=s.min_p, seed=seed)
         if not self.carry:
-            self.decoder.suffix_cache.forget_session()
+            self.decoder.draft_cache.forget_session()
         return self.decoder.generate(self.encoded[p.id], max_tokens=n, sampling=params,
                                      draft_max=mode.draft_max,
                                      drafters=mode.drafters or self.drafters,
                                      constraint=self.constraints[p.id],
-                                     suffix_cache=mode.suffix_cache)
+                                     draft_cache=mode.draft_cache)
 
     def warm(self, p: BenchPrompt, mode: Mode) -> None:
         """An untimed short run."""
@@ -104,7 +104,7 @@ class _Bench:
             "threads": d.target.n_threads,
             "n_ctx": d.n_ctx,
             "p_min": d.p_min,
-            "drafters": show_drafters(self.drafters or d.default_drafters),
+            "drafters": str(self.drafters or d.default_drafters),
             "reps": self.reps,
             "max_tokens": self.max_tokens,
             "seed": self.seed0,
@@ -128,7 +128,7 @@ def run_bench(
     reps: int = DEFAULT_REPS,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     sampling: SamplingParams | None = None,
-    drafters: tuple[str, ...] | None = None,
+    drafters: Drafters | None = None,
     warmup: bool = True,
     raw: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -147,7 +147,7 @@ def run_bench(
         raise InvalidParameterError("no prompts to run")
     for mode in modes:  # before the long run: a mode whose drafters this pair lacks
         if mode.drafters:
-            check_drafters(mode.drafters, slot_of(decoder.draft), decoder.target.path.name)
+            mode.drafters.check(draft_kind(decoder.draft), decoder.target.path.name)
     bench = _Bench(decoder, prompts, list(modes), reps, max_tokens,
                    sampling or SamplingParams(seed=DEFAULT_SEED), drafters, raw, carry,
                    constraint, progress or (lambda _msg: None))
@@ -187,7 +187,7 @@ def _run_all(bench: _Bench, warmup: bool) -> float | None:
     for p, mode, rep, slot, first in schedule(bench.prompts, bench.modes, bench.reps,
                                               bench.carry):
         if first and bench.carry:
-            bench.decoder.suffix_cache.forget_session()  # each sequence starts afresh
+            bench.decoder.draft_cache.forget_session()  # each sequence starts afresh
         elif first and warmup:  # untimed: the first run after a prompt change is slower
             bench.warm(p, bench.modes[0])
         bench.timed(p, mode, rep, slot)

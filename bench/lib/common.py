@@ -79,8 +79,8 @@ def resolve_models(args: argparse.Namespace, *, need_draft: bool = False,
     """The target's and draft's files (None: a lookup draft), as `specllama` resolves
     --pair or --target/--draft (those of them `args` has): a derived draft from the
     cache, a Hugging Face download."""
-    from specllama.cli.options import RunOptions, choose_models
     from specllama.errors import InvalidParameterError
+    from specllama.loading import RunOptions, choose_models
 
     target, threads = getattr(args, "target", None), getattr(args, "threads", None)
     options = RunOptions(pair_name=None if target else args.pair,
