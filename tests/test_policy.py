@@ -7,8 +7,8 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from simulated import auto_speedup, fixed_speedups, model_draft, outcome, texts_for
 
+from bench.lib.simulated import auto_speedup, fixed_speedups, model_draft, outcome, texts_for
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.engine.loop.events import RoundVerified
 from specllama.policy import (
@@ -845,6 +845,26 @@ def test_auto_cuts_a_lookup_chain_where_the_copies_stop_agreeing():
 
 # A CPU-like curve: each token of a batch costs 0.3 of a step (and a batch of 24 is known).
 LINEAR_RATIOS = [1.0 + 0.3 * n for n in range(24)]
+
+#: T(n)/T(1) as calibrated for the default pair on an Intel Xeon (2 threads): a batch of 5
+#: costs more than 4's trend says, and 6 to 9 little more each.
+BUMPY_RATIOS = [1.0, 1.37, 1.67, 1.96, 2.52, 2.79, 3.03, 3.27, 3.61, 3.95, 4.28, 4.63,
+                4.95, 5.26, 5.58, 5.90]
+
+
+def test_a_lookup_copy_runs_past_a_dear_batch_size_to_where_the_round_pays_most():
+    """A copy's tokens are all but sure; stopping where one batch size is dear (E/C falls
+    at 5 tokens, rises again by 8) cut every copy at 4 tokens, 0.92 of a fixed 8 (#54)."""
+    st = state_for(BUMPY_RATIOS, t1=0.011)
+    fixed_acceptance(st, "lookup-long", 0.97)
+    policy = AutoDraftLength(st)
+    assert policy.choose("lookup", match=20) >= 8
+    # E/C of a chain of n sure tokens, by brute force: the cut is where it peaks
+    a, t = st.confidence_of("lookup-long").rate(1.0), st.costs("lookup-long").target
+    best = max(range(1, 9), key=lambda n: sum(a ** i for i in range(n + 1)) / t[n])
+    assert best > 4 and lookup_cut(policy, [1.0] * 8) == best
+    # where the copies stop agreeing, no look-ahead carries it on
+    assert lookup_cut(policy, [1.0, 1.0, 1.0, 1.0, 0.05, 1.0, 1.0, 1.0]) == 4
 
 
 def test_in_a_shared_batch_drafts_must_raise_the_batchs_rate():

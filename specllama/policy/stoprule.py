@@ -94,7 +94,22 @@ class StopRule:
         if self.state.tuning.stop_rule_cap <= 0:
             return "more"
         add, more = self._reach * accept, t[j + 1] - t[j] + costs.overhead_per_draft
-        if add * self._cost < self._gain * more:
+        if add * self._cost < self._gain * more and not self._raises(j, add, more, accept):
             return "stop"
         self._reach, self._gain, self._cost = add, self._gain + add, self._cost + more
         return "more"
+
+    def _raises(self, j: int, add: float, more: float, accept: float) -> bool:
+        """Whether token j with some further tokens of its acceptance raise E/C: a
+        measured curve is not smooth, and stopping before a dear batch size stopped
+        copies at 3 tokens where 8 paid (#54)."""
+        costs = self.state.costs(self._extending)
+        t, run = costs.target, add
+        gain, cost = self._gain + add, self._cost + more
+        for n in range(j + 2, costs.k_max + 1):
+            run *= accept
+            gain += run
+            cost += t[n] - t[n - 1] + costs.overhead_per_draft
+            if gain * self._cost > self._gain * cost:
+                return True
+        return False
