@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from .. import Event, Finished, GenerationResult
+from .. import Drafters, Event, Finished, GenerationResult
 from ..engine.llama import Vocabulary
 from .answer import Answer, read_whole
 from .apis.base import SSE, Body, Dialect, Reply, Writer
@@ -35,6 +35,7 @@ from .connection import Batches, cancel_when, disconnected, prepend, read_body
 from .guard import Guard
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure
 from .metrics import exposition
+from .page import page_routes
 from .prompts import Defaults, Work, build_work
 from .schema import APIError, ChatRequest, CompletionRequest
 from .worker import Job, QueueFull, ShuttingDown, Unavailable, Worker
@@ -43,13 +44,12 @@ from .worker import Job, QueueFull, ShuttingDown, Unavailable, Worker
 GRACE_S = 30
 
 
-
 @dataclass(frozen=True)
 class ServeConfig:
     model_id: str  # the pair's name; what clients send as `model`
     defaults: Defaults
     draft_max: int | str
-    drafters: tuple[str, ...]
+    drafters: Drafters
     n_ctx: int  # the context window the engine was loaded with
     api_key: str | None = None
     max_waiting: int = 8  # requests queued behind those being served; more get 503
@@ -379,7 +379,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
     ]
     # The browser boundary (Host, Origin, Content-Type) before any route's work.
     guard = Middleware(Guard, bound_host=config.host, allowed_origins=config.allowed_origins)
-    return Starlette(routes=routes, middleware=[guard],
+    return Starlette(routes=routes + page_routes(worker, api.serving), middleware=[guard],
                      exception_handlers={HTTPException: api.not_found})
 
 
