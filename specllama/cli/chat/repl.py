@@ -12,15 +12,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
+from ... import DraftProposed, Event, RoundVerified, TargetToken, TextFlushed, TokensAccepted
 from ...console import stderr_console
-from ...engine.loop.events import (
-    DraftProposed,
-    Event,
-    RoundVerified,
-    TargetToken,
-    TextFlushed,
-    TokensAccepted,
-)
 from ...engine.settings import LIVE_SETTINGS
 from ...errors import InvalidParameterError, SpecLlamaError
 from ...policy.cpumeter import CpuMeter
