@@ -29,7 +29,7 @@ from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
 from .vocab import Vocabulary
 
 # llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine, ruinous
-# when another process takes a core; hence the default thread count of cli/options.py rather than
+# when another process takes a core; hence the default thread count of loading.py rather than
 # another wait policy (docs/lab/2026-12-local-generation.md, "A busy machine: threads and waiting").
 
 LogitsWanted = Literal["none", "last", "all"]
