@@ -410,3 +410,34 @@ def test_a_hung_compute_thread_is_the_engine_lost_path(tiny_target, tmp_path, mo
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
     finally:
         server.stop()
+
+
+def load_listing_cli(target: str, first: bool):
+    """An engine process's Factory: the pair as `serve` loads it (loading.serve_engine),
+    telling which command-line modules the process holds."""
+    import sys
+
+    from specllama.loading import RunOptions, serve_engine
+
+    decoder, measure, _ = serve_engine(RunOptions(target=target, flags=(
+        ("threads", 1), ("n_ctx", 256))), first)
+    return decoder, measure, sorted(m for m in sys.modules if m.startswith("specllama.cli"))
+
+
+def test_the_engine_process_runs_no_command_line_code(tiny_target, tmp_path, monkeypatch):
+    """Started from the `specllama` script, spawn would run that script again in the
+    child, and with it all of cli/: the engine process loads the pair without it."""
+    import sys
+    import types
+
+    script = tmp_path / "specllama"
+    script.write_text("from specllama.cli import main\n")
+    console_script = types.ModuleType("__main__")
+    console_script.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", console_script)
+    engine = EngineProcess(functools.partial(load_listing_cli, str(tiny_target)))
+    try:
+        assert engine.start() == []
+        assert console_script.__file__ == str(script)  # the parent's main is as it was
+    finally:
+        engine.close()

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import multiprocessing
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -76,7 +77,8 @@ class EngineProcess:
                                 name="specllama-engine", daemon=True)
         self._proc, words = proc, None
         try:
-            proc.start()
+            with _main_script_hidden():
+                proc.start()
             theirs.close()
             if not ours.poll(LOAD_BOUND_S):
                 raise EngineLost(f"loading the models took over {LOAD_BOUND_S:g} s; "
@@ -204,3 +206,17 @@ class EngineProcess:
             with contextlib.suppress(ValueError):
                 return EngineLost(f"the engine process was killed ({signal.Signals(-code).name})")
         return EngineLost(f"the engine process ended (exit status {code})")
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """spawn runs the parent's main script again in the child (as __mp_main__): for the
+    `specllama` command, all of cli/. The factories live in importable modules (loading.py),
+    so the engine process starts without it."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
