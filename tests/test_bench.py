@@ -147,7 +147,8 @@ def test_report_is_json_and_plots(report, tmp_path):
         assert key in data["runs"][0]
     tables = render_tables(data)
     assert len(tables) == 2
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib",
+                        reason="--plot draws with matplotlib: pip install -e '.[test]'")
     png = tmp_path / "bench.png"
     write_plot(data, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,7 @@ def test_the_report_has_every_figure(tmp_path, monkeypatch, capsys):
     mib = report["recurrent_state_mib"]
     assert mib["n_rs_seq=8"] > mib["n_rs_seq=0"] > 0  # the snapshots' memory
     assert set(report["T(k+1)/T(1)"]) == {str(k) for k in hybrid.KS}
-    assert 0 < report["mtp_step/target_step"] < 5
+    assert report["mtp_step/target_step"] > 0  # a timing: its size is not asserted
     assert set(report["generation"]) == {"0.0", "0.8"}
     assert "auto_mean_draft_length" in report["generation"]["0.0"]
     assert json.loads(capsys.readouterr().out) == report

@@ -405,7 +405,8 @@ def chat_env(tmp_path, **extra):
 
 
 def spawn_chat(args, env):
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     child = pexpect.spawn(
         SPECLLAMA, ["chat", *map(str, args)], env=env, encoding="utf-8",
         timeout=60, dimensions=(40, 120),

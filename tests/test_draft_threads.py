@@ -8,9 +8,9 @@ from test_cli import assert_one_line_error
 
 def test_drafting_ahead_gives_the_target_alones_greedy_text(run, tiny):
     args = ("generate", "the cat sat on the mat", *tiny, "--raw", "--max-tokens", 160,
-            "--temperature", 0, "--threads", 2, "--drafters", "model")
-    alone = run(*args, "--draft-max", 0)
-    ahead = run(*args, "--draft-max", 2, "--draft-threads", 1, "--json")
+            "--temperature", 0, "--drafters", "model")
+    alone = run(*args, "--draft-max", 0)  # (on `tiny`'s one thread: two spin on 2 cores)
+    ahead = run(*args, "--threads", 2, "--draft-max", 2, "--draft-threads", 1, "--json")
     assert alone.exit_code == 0 and ahead.exit_code == 0, ahead.output
     report = json.loads(ahead.stdout)
     assert report["text"] == alone.stdout.rstrip("\n")

@@ -418,7 +418,8 @@ def test_plain_on_a_real_terminal(tiny_target, tiny_draft):
     import shutil
     import sys
 
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     exe = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     env["TERM"] = "xterm-256color"

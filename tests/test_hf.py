@@ -588,7 +588,6 @@ def test_without_huggingface_hub_an_uncached_model_says_how_to_install_it(tmp_pa
     )
 
 
-@pytest.mark.skipif(not HAS_HUB, reason="huggingface_hub is not installed")
 def test_the_fake_cache_is_what_huggingface_hub_reads(tmp_path, hf_cache):
     """Our cache reader and huggingface_hub agree on the layout (offline, local only)."""
     import huggingface_hub
@@ -606,7 +605,6 @@ def test_the_fake_cache_is_what_huggingface_hub_reads(tmp_path, hf_cache):
     assert resolve_source(pair.target, pair=pair) == snapshot / SHARD1
 
 
-@pytest.mark.skipif(not HAS_HUB, reason="huggingface_hub is not installed")
 def test_real_hub_error_classes_are_recognized():
     from huggingface_hub import errors as hub_errors  # 0.24+; utils re-exports them
 
@@ -1004,7 +1002,6 @@ def test_status_of_the_shipped_hf_pairs_is_offline_and_quick():
 
 def test_llama_cpp_loads_tiny_models_from_the_hf_cache(tmp_path, hf_cache, tiny_target, tiny_draft):
     """The snapshot symlinks are what llama.cpp gets, and it loads them."""
-    pytest.importorskip("llama_cpp")
     from specllama.engine.decoder import SpeculativeDecoder
 
     add_to_cache(hf_cache, "tiny/tiny-GGUF", {"tiny-target.gguf": tiny_target})

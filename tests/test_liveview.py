@@ -25,7 +25,8 @@ from specllama.engine.loop.events import (
 )
 from specllama.engine.loop.textstream import TextStream
 
-pyte = pytest.importorskip("pyte")
+pyte = pytest.importorskip(
+    "pyte", reason="reads the terminal's screen back with pyte: pip install -e '.[test]'")
 
 SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("specllama"))
 YELLOW = "brown"  # pyte's name for SGR 33
@@ -58,7 +59,8 @@ def final_rows(raw: str, rows: int, cols: int) -> list[str]:
 
 
 def test_show_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     rows, cols = 60, 50  # the text, then the stats panel, all on one screen
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env.update(TERM="xterm", SPECLLAMA_CACHE_DIR=str(tmp_path / "cache"))
@@ -229,7 +231,8 @@ def test_chat_switches_the_view_with_set(tiny_target, tiny_draft, tmp_path):
 
 
 def test_chat_shows_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path):
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     rows, cols = 30, 60
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env.update(TERM="xterm", XDG_STATE_HOME=str(tmp_path / "state"), PROMPT_TOOLKIT_NO_CPR="1")
@@ -265,7 +268,8 @@ def test_chat_shows_drafts_in_a_real_terminal(tiny_target, tiny_draft, tmp_path)
 
 def test_ctrl_c_leaves_only_the_text_and_still_writes_the_trace(tiny_target, tiny_draft,
                                                                  tmp_path):
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     rows, cols = 30, 60
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env.update(TERM="xterm")

@@ -21,10 +21,10 @@ ARTEFACT_MAGIC = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"MZ", b
 def tracked_files(root: Path) -> list[str]:
     """The files git tracks under `root`; skips the test outside a git checkout."""
     if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+        pytest.skip("reads what git tracks, and git is not installed: apt-get install git")
     done = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True)
     if done.returncode != 0:
-        pytest.skip("not a git checkout")
+        pytest.skip("reads what git tracks: runs in a git clone, not in an unpacked archive")
     return [name for name in done.stdout.decode().split("\0") if name]
 
 
@@ -48,6 +48,6 @@ def test_no_build_artefact_is_tracked():
 
 def test_wheels_are_ignored():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout")
+        pytest.skip("asks git what it ignores: runs in a git clone, with git installed")
     done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "dist-x/any-1.0.whl"])
     assert done.returncode == 0, ".gitignore should ignore *.whl"

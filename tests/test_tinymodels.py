@@ -31,7 +31,7 @@ PROMPTS = [
 
 def _load(path, logits_all=False):
     return llama_cpp.Llama(
-        model_path=str(path), n_ctx=512, n_threads=2, verbose=False, logits_all=logits_all
+        model_path=str(path), n_ctx=512, n_threads=1, verbose=False, logits_all=logits_all
     )
 
 
