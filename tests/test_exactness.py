@@ -842,8 +842,12 @@ def test_greedy_drafts_drawn_ahead_equal_the_target_alone(ahead_setup, k):
     dec, _, prompt = ahead_setup
     greedy = SamplingParams(temperature=0.0)
     alone = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=0)
-    spec = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=k, drafters="model")
-    assert spec.tokens == alone.tokens
+    for _ in range(4):  # what is drawn ahead depends on the cores the draft thread gets
+        spec = dec.generate(prompt, max_tokens=40, sampling=greedy, draft_max=k,
+                            drafters="model")
+        assert spec.tokens == alone.tokens
+        if spec.stats.ahead > 0:
+            break
     assert spec.stats.ahead > 0  # drafts drawn ahead were proposed
     history = prompt + spec.tokens
     assert dec.target.cached == history[:-1]
