@@ -99,17 +99,9 @@ class Tap:
             self._turns.pop(key, None)
 
     # ---------------------------------------------------------------- Decoding
-    @property
-    def starts(self) -> int:
-        return self.engine.starts
-
-    @property
-    def parallel(self) -> int:
-        return self.engine.parallel
-
-    @property
-    def pid(self) -> int | None:
-        return self.engine.pid
+    starts = property(lambda self: self.engine.starts)
+    parallel = property(lambda self: self.engine.parallel)
+    pid = property(lambda self: self.engine.pid)
 
     def prepare(self) -> str | None:
         return self.engine.prepare()

@@ -19,20 +19,10 @@ import uuid
 from typing import TYPE_CHECKING, Literal
 
 from ... import GenerationResult
+from .. import schema
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
-from ..schema import (
-    APIError,
-    CalledFunction,
-    ChatRequest,
-    FunctionDef,
-    FunctionName,
-    Message,
-    NamedToolChoice,
-    ResponseFormat,
-    Tool,
-    ToolCall,
-)
+from ..schema import APIError, ChatRequest, Message, Tool, ToolCall
 from .base import SSE, Body, Reply, dumps
 from .figures import EXTRA_KEY
 from .messages_schema import (
@@ -55,7 +45,7 @@ if TYPE_CHECKING:
 
 Effort = Literal["none", "minimal", "low", "medium", "high"]
 BlockType = Literal["thinking", "text"]
-OpenAIChoice = Literal["none", "auto", "required"] | NamedToolChoice | None
+OpenAIChoice = Literal["none", "auto", "required"] | schema.NamedToolChoice | None
 
 # APIError's status -> Anthropic's error type (the status itself is kept).
 _ERROR_TYPES = {
@@ -125,7 +115,7 @@ def to_chat(r: MessagesRequest) -> ChatRequest:
         messages.append(Message(role="system", content=_joined(r.system)))
     for i, message in enumerate(r.messages):
         messages += _turns(message, i)
-    tools = [Tool(type="function", function=FunctionDef(
+    tools = [Tool(type="function", function=schema.FunctionDef(
         name=t.name, description=t.description, parameters=t.input_schema))
         for t in r.tools] if r.tools else None
     choice, parallel = _tool_choice(r.tool_choice)
@@ -135,7 +125,7 @@ def to_chat(r: MessagesRequest) -> ChatRequest:
         stop=r.stop_sequences or None, temperature=r.temperature, top_p=r.top_p,
         top_k=r.top_k, seed=r.seed, tools=tools, tool_choice=choice,
         parallel_tool_calls=parallel, reasoning_effort=_effort(r),
-        response_format=None if fmt is None else ResponseFormat.model_validate(
+        response_format=None if fmt is None else schema.ResponseFormat.model_validate(
             {"type": "json_schema", "json_schema": {"schema": fmt.schema_}}),
         # Spelled out: mypy reads fields declared `Field(None, ...)` as required.
         min_p=None, n=1, max_completion_tokens=None, top_logprobs=None)
@@ -150,8 +140,8 @@ def _tool_choice(choice: ToolChoice | None) -> tuple[OpenAIChoice, bool]:
         return "none", True
     parallel = not choice.disable_parallel_tool_use
     if isinstance(choice, ChoiceTool):
-        return NamedToolChoice(type="function", function=FunctionName(name=choice.name)), \
-            parallel
+        name = schema.FunctionName(name=choice.name)
+        return schema.NamedToolChoice(type="function", function=name), parallel
     return ("required" if isinstance(choice, ChoiceAny) else "auto"), parallel
 
 
@@ -160,7 +150,7 @@ def _turns(message: InputMessage, i: int) -> list[Message]:
     own tool turn (they come first in a user message), text between them a user turn."""
     if message.role == "assistant":
         text = _joined([b for b in message.content if isinstance(b, TextBlock)])
-        calls = [ToolCall(id=b.id, function=CalledFunction(
+        calls = [ToolCall(id=b.id, function=schema.CalledFunction(
             name=b.name, arguments=_dumps(b.input, f"messages.{i}.content.{j}.input")))
             for j, b in enumerate(message.content) if isinstance(b, ToolUseBlock)]
         return [Message(role="assistant", content=text or None, tool_calls=calls or None)]
