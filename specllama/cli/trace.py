@@ -103,24 +103,7 @@ class TraceRecorder:
             chips.append(TraceToken(ev.token, target_text, "target", n, None,
                                     target_kind=ev.kind))
         gen.chips += chips
-        gen.rounds.append({
-            "round": n,
-            "source": ev.source,
-            "origin": ev.origin,
-            "origins": list(ev.origins),
-            "drafted": list(ev.drafted),
-            "drafted_text": accepted + rest,
-            "accepted": ev.accepted,
-            "token": ev.token,
-            "token_text": target_text,
-            "kind": ev.kind,
-            "emitted": ev.emitted,
-            "p": list(ev.p),
-            "q": list(ev.q),
-            "draft_s": ev.draft_s,
-            "target_s": ev.target_s,
-            "seconds": ev.seconds,
-        })
+        gen.rounds.append(ev.record(n, accepted + rest, target_text))
 
     @property
     def totals(self) -> Stats:

@@ -12,7 +12,6 @@ Token texts are each token's own share of the text (TokenTexts), as the trace sh
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from .. import (
     DraftProposed,
@@ -103,7 +102,7 @@ class TurnEvents:
         shown = min(ev.accepted, ev.emitted)
         if self._target is None:  # cut short (end of generation): nothing was taken after
             self._rest = self._texts.peek(ev.drafted[shown:])
-        self.rounds.append(_round(n, ev, self._accepted + self._rest, self._target))
+        self.rounds.append(ev.record(n, self._accepted + self._rest, self._target))
         t = self._totals
         t["target_steps"] += 1
         t["tokens"] += ev.emitted
@@ -139,15 +138,3 @@ def _rates(t: dict[str, int], seconds: float) -> Body:
     steps = t["target_steps"]
     return {"tokens_per_step": round(t["tokens"] / steps, 4) if steps else 0.0,
             "tokens_per_s": round(t["tokens"] / seconds, 2) if seconds > 0 else 0.0}
-
-
-def _round(n: int, ev: RoundVerified, drafted_text: list[str], target: str | None) -> Body:
-    """One round's record, as the trace's (cli/trace.py's TraceRecorder) has it."""
-    record: dict[str, Any] = {
-        "round": n, "source": ev.source, "origin": ev.origin, "origins": list(ev.origins),
-        "drafted": list(ev.drafted), "drafted_text": drafted_text, "accepted": ev.accepted,
-        "token": ev.token, "token_text": target, "kind": ev.kind, "emitted": ev.emitted,
-        "p": list(ev.p), "q": list(ev.q), "draft_s": ev.draft_s, "target_s": ev.target_s,
-        "seconds": ev.seconds,
-    }
-    return record

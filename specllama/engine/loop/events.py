@@ -142,6 +142,17 @@ class RoundVerified:
             return ""
         return self.origins[self.forced]
 
+    def record(self, n: int, drafted_text: list[str], token_text: str | None
+               ) -> dict[str, object]:
+        """Round `n` as a trace keeps it (JSON): the `specllama-trace/1` format that
+        `--trace` writes and the serve page downloads."""
+        return {"round": n, "source": self.source, "origin": self.origin,
+                "origins": list(self.origins), "drafted": list(self.drafted),
+                "drafted_text": drafted_text, "accepted": self.accepted,
+                "token": self.token, "token_text": token_text, "kind": self.kind,
+                "emitted": self.emitted, "p": list(self.p), "q": list(self.q),
+                "draft_s": self.draft_s, "target_s": self.target_s, "seconds": self.seconds}
+
 
 @dataclass(frozen=True)
 class TextFlushed:
