@@ -7,7 +7,9 @@ The workloads are those of tests/test_policy.py (bench/lib/simulated.py): greedy
 the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
 confidence tells which drafts match ("c") or says nothing ("n"), two with 3% of decodes
 slowed tenfold by another process ("s") and two whose calibration put T(1) 20% too high
-("m"); 24 texts of 256 tokens each (the test's 8, and 16 more for less noise). A
+("m"); 24 texts of 256 tokens each (the test's 8, and 16 more for less noise); and two
+of the synthetic Qwen3.5's MTP layer on its costs, 48-token texts accepted 97% of the
+time whatever its confidence ("mtp": bench/lib/simulated.py, copy_head_texts). A
 workload's texts run as calls of one decoder (the auto state carries over between them,
 as in a bench). Each cell is auto's speedup with the switch, relative to the full
 policy's; the head rows give the full policy's and the best fixed k's speedup over the
@@ -18,23 +20,25 @@ through SPECLLAMA_AUTO_TUNING (bench/README.md); bench/ablation_real.py runs the
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 from bench.lib.common import parser, run
 from bench.lib.simulated import (
+    F32,
     F32_CALIBRATED_MS,
     F32_DRAFT_CURVE,
+    QWEN35_MTP,
+    Machine,
     Text,
+    auto_calls,
+    copy_head_texts,
     fixed_speedups,
-    simulate,
     texts_for,
 )
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning
+from specllama.policy import AutoState, AutoTuning
 from specllama.policy.calibration import CostCurve
 
-Workload = tuple[float, bool, float, float]
+Workload = tuple[float, bool, float, float, bool]
 
 SWITCHES = [
     ("no probes", "probe_k=0"),
@@ -51,33 +55,47 @@ SWITCHES = [
     ("nothing carried to the next call", "carry_over=0"),
     ("everything carried to the next call", "carry_over=1"),
     ("margin 0", "margin=0"),
+    ("no curve fit of confidence", "confidence_fit=off"),
+    ("no probe again after one that held", "probe_again=off"),
 ]
 #: (alpha, the draft's confidence tells, the share of decodes another process slows
-#: tenfold, the calibration's T(1) over the loop's): "s", a machine that is not idle;
-#: "m", a calibration that put T(1) 20% too high (taken on a busy machine).
-WORKLOADS: list[Workload] = [(alpha, informative, 0.0, 1.0) for informative in (True, False)
-             for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)] + [
-    (0.75, True, 0.03, 1.0), (0.85, True, 0.03, 1.0),
-    (0.65, True, 0.0, 1.2), (0.75, True, 0.0, 1.2)]
+#: tenfold, the calibration's T(1) over the loop's, a near-copy MTP layer): "s", a machine
+#: that is not idle; "m", a calibration that put T(1) 20% too high (taken on a busy
+#: machine); "mtp", the synthetic Qwen3.5's MTP layer on its costs, 48-token texts, its
+#: confidence flat (greedy) or spread ("T0.8"; it tells nothing either way).
+WORKLOADS: list[Workload] = [(alpha, informative, 0.0, 1.0, False)
+                             for informative in (True, False)
+                             for alpha in (0.55, 0.65, 0.75, 0.85, 0.95)] + [
+    (0.75, True, 0.03, 1.0, False), (0.85, True, 0.03, 1.0, False),
+    (0.65, True, 0.0, 1.2, False), (0.75, True, 0.0, 1.2, False),
+    (0.97, False, 0.0, 1.0, True), (0.97, True, 0.0, 1.0, True)]
+
+
+def machine_of(w: Workload) -> Machine:
+    return QWEN35_MTP if w[4] else F32
+
+
+def texts_of(w: Workload) -> list[Text]:
+    return copy_head_texts(w[0], w[1], count=24) if w[4] else texts_for(w[0], w[1], count=24)
 
 
 def calls(texts: list[Text], tuning: AutoTuning, spikes: float = 0.0,
-          t1_off: float = 1.0) -> float:
+          t1_off: float = 1.0, machine: Machine = F32) -> float:
     """Auto's mean speedup over the texts, run as calls of one decoder."""
-    calibrated = [F32_CALIBRATED_MS[0] * t1_off, *F32_CALIBRATED_MS[1:]]
-
-    class Decoder:  # what AutoDraftLength.for_decoder reads
-        target = SimpleNamespace(others=0, companions=0)  # alone in its batches
-        policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in calibrated)),
-                                          F32_DRAFT_CURVE, tuning=tuning)}
-
-    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, seed=s,
-                                    spikes=spikes) for s, t in enumerate(texts))
+    state = None
+    if machine is F32:
+        calibrated = [F32_CALIBRATED_MS[0] * t1_off, *F32_CALIBRATED_MS[1:]]
+        state = AutoState(CostCurve(tuple(x * 1e-3 for x in calibrated)), F32_DRAFT_CURVE,
+                          tuning=tuning)
+    return auto_calls(texts, tuning, machine, spikes, state)
 
 
 def workload_name(w: Workload) -> str:
-    """'0.75c', '0.85cs', '0.65cm': alpha, then c/n, s (slowed decodes), m (calibration off)."""
-    alpha, informative, spikes, t1_off = w
+    """'0.75c', '0.85cs', '0.65cm': alpha, then c/n, s (slowed decodes), m (calibration off);
+    'mtp 0.97 greedy' / 'mtp 0.97 T0.8'."""
+    alpha, informative, spikes, t1_off, mtp = w
+    if mtp:
+        return f"mtp {alpha:.2f} {'T0.8' if informative else 'greedy'}"
     return (f"{alpha:.2f}{'c' if informative else 'n'}{'s' if spikes else ''}"
             f"{'m' if t1_off != 1 else ''}")
 
@@ -95,9 +113,10 @@ def main() -> None:
     p.add_argument("switch", nargs="*", help="an extra row, LABEL:AutoTuning spec")
     extra = p.parse_args().switch
     switches = SWITCHES + [tuple(arg.split(":", 1)) for arg in extra]  # type: ignore[misc]
-    texts = {w: texts_for(w[0], w[1], count=24) for w in WORKLOADS}
-    full = [calls(texts[w], AutoTuning(), w[2], w[3]) for w in WORKLOADS]
-    best = [max(1.0, *fixed_speedups(texts[w], spikes=w[2]).values()) for w in WORKLOADS]
+    texts = {w: texts_of(w) for w in WORKLOADS}
+    full = [calls(texts[w], AutoTuning(), w[2], w[3], machine_of(w)) for w in WORKLOADS]
+    best = [max(1.0, *fixed_speedups(texts[w], spikes=w[2], machine=machine_of(w)).values())
+            for w in WORKLOADS]
     print("| switch (AutoTuning) | " + " | ".join(map(workload_name, WORKLOADS))
           + " | worst | best |")
     print("| --- |" + " ---: |" * (len(WORKLOADS) + 2))
@@ -106,7 +125,7 @@ def main() -> None:
           + " | | |")
     for label, spec in switches:
         tuning = AutoTuning.parse(spec)
-        switched = [calls(texts[w], tuning, w[2], w[3]) for w in WORKLOADS]
+        switched = [calls(texts[w], tuning, w[2], w[3], machine_of(w)) for w in WORKLOADS]
         print(switch_row(label, spec, switched, full), flush=True)
 
 

@@ -11,6 +11,7 @@ from specllama.cli.bench_command import (
     BenchPrompt,
     bench_command,
     builtin_prompts,
+    load_prompts,
     parse_modes,
     parse_prompts,
     render_tables,
@@ -78,6 +79,16 @@ def test_builtin_prompts_cover_the_tasks():
     assert len({p.id for p in ps}) == len(ps)
     by_cat = {p.category: p for p in ps}
     assert len(by_cat["summarize"].prompt) > 400 and len(by_cat["rewrite"].prompt) > 200
+
+
+def test_a_folder_named_like_a_built_in_set_does_not_hide_it(tmp_path, monkeypatch):
+    """`--prompts bench` in a checkout of this project (which has a bench/ folder) is the
+    built-in set; a file of that name is the user's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench").mkdir()
+    assert load_prompts("bench") == builtin_prompts("bench")
+    (tmp_path / "copy").write_text("my own prompt\n")
+    assert [p.prompt for p in load_prompts("copy")] == ["my own prompt"]
 
 
 # ----------------------------------------------------------------------------- running

@@ -25,9 +25,10 @@ from specllama.engine.drafting import following as following_module
 
 
 def test_ablation_names_workloads_and_compares_each_switch_with_the_full_policy():
-    assert ablation.workload_name((0.75, True, 0.0, 1.0)) == "0.75c"
-    assert ablation.workload_name((0.85, True, 0.03, 1.0)) == "0.85cs"
-    assert ablation.workload_name((0.65, False, 0.0, 1.2)) == "0.65nm"
+    assert ablation.workload_name((0.75, True, 0.0, 1.0, False)) == "0.75c"
+    assert ablation.workload_name((0.85, True, 0.03, 1.0, False)) == "0.85cs"
+    assert ablation.workload_name((0.65, False, 0.0, 1.2, False)) == "0.65nm"
+    assert ablation.workload_name((0.97, True, 0.0, 1.0, True)) == "mtp 0.97 T0.8"
     row = ablation.switch_row("no probes", "probe_k=0", [1.10, 0.95, 1.0], [1.0, 1.0, 1.0])
     assert row == "| no probes (`probe_k=0`) | +10.0% | -5.0% | +0.0% | -5.0% | +10.0% |"
 
@@ -35,6 +36,8 @@ def test_ablation_names_workloads_and_compares_each_switch_with_the_full_policy(
 def test_ablation_calls_simulate_auto_on_one_decoder():
     texts = ablation.texts_for(0.95, True, count=1)
     assert ablation.calls(texts, ablation.AutoTuning()) > 1.0  # drafting pays at 95%
+    mtp = ablation.copy_head_texts(0.97, False, count=2)
+    assert ablation.calls(mtp, ablation.AutoTuning(), machine=ablation.QWEN35_MTP) > 1.2
 
 
 def test_ablation_real_takes_autos_ratio_and_compares_medians_with_the_full_policy():

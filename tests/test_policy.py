@@ -8,7 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.lib.simulated import auto_speedup, fixed_speedups, model_draft, outcome, texts_for
+from bench.lib.simulated import (
+    QWEN35_MTP,
+    auto_calls,
+    auto_speedup,
+    copy_head_texts,
+    fixed_speedups,
+    model_draft,
+    outcome,
+    texts_for,
+)
 from specllama import InvalidParameterError, SamplingParams, SpeculativeDecoder
 from specllama.engine.loop.events import RoundVerified
 from specllama.policy import (
@@ -792,6 +801,44 @@ def test_confidence_acceptance_learns_what_each_confidence_is_worth():
     seen = list(known.seen)
     known.observe((0.35, 0.95), 0)  # rejected at once: the second was never verified
     assert known.seen[9] == seen[9] and known.seen[3] > seen[3]
+
+
+def test_confidence_acceptance_fits_one_curve_to_every_bin():
+    """A near-copy MTP layer has its drafts accepted at any confidence: learnt per bin
+    alone, a confidence not yet seen keeps the prior (0.55 ** 0.5 = 0.74); with the curve
+    confidence ** gamma fit to every bin, a dozen drafts at low confidence lift it too.
+    Where acceptance follows confidence ** 0.5 (the F32 pair's shape), the fit finds it."""
+    fit, alone = ConfidenceAcceptance(), ConfidenceAcceptance(AutoTuning(confidence_fit=False))
+    for c in [0.02, 0.05, 0.15, 0.25] * 3:
+        fit.observe((c,), 1)
+        alone.observe((c,), 1)
+    assert alone.rate(0.55) == pytest.approx(0.55 ** 0.5)
+    assert fit.rate(0.55) > 0.9 and fit.gamma < 0.1
+    rng = random.Random(1)
+    shaped = ConfidenceAcceptance()
+    for _ in range(400):
+        c = rng.random()
+        shaped.observe((c,), int(rng.random() < c ** 0.5))
+    assert 0.35 < shaped.gamma < 0.7
+    for _ in range(400):  # and it follows a change of shape
+        c = rng.random()
+        shaped.observe((c,), int(rng.random() < c ** 2))
+    assert 1.0 < shaped.gamma < 3.0
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["greedy: flat", "T = 0.8: spread"])
+def test_auto_drafts_long_with_a_near_copy_mtp_layer(spread):
+    """The synthetic Qwen3.5's MTP layer on its costs (a step 0.28 of the target's):
+    drafts accepted 97% of the time, whatever its confidence says, in texts of 48 tokens.
+    Auto must come near the best fixed k there (it was at 0.77-0.82 of it when each
+    confidence bin learnt alone) and never below the target alone."""
+    texts = copy_head_texts(0.97, spread)
+    fixed = fixed_speedups(texts, machine=QWEN35_MTP)
+    auto = auto_calls(texts, machine=QWEN35_MTP)
+    assert auto >= 0.95 * max(fixed.values()), (auto, fixed)
+    before = auto_calls(texts, AutoTuning(confidence_fit=False, probe_again=False),
+                        QWEN35_MTP)
+    assert before < 0.9 * max(fixed.values())  # what the fit mended
 
 
 def test_auto_drafts_long_where_the_draft_is_sure_and_stops_where_it_is_not():

@@ -15,6 +15,7 @@ from specllama import (
     TargetToken,
     TokensAccepted,
 )
+from specllama.engine.drafting.base import always_more
 from specllama.engine.llama import Model
 from specllama.engine.sampling import probabilities
 
@@ -381,18 +382,46 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
         return  # a greedy draft is never cut by p_min
     # Where the draft's top token is below p_min it would not have drafted: those
     # positions are no evidence either way (a cut draft is not a rejection).
+    # p_min binds only a policy without a stop rule of its own (auto learns where to stop).
     tops = [float(probabilities(q, sampling).max()) for q in q_rows]
     p_min = float(np.median(tops))
     dec.p_min = p_min
     try:
-        policy = _PauseThenDraft(12)
+        policy, ruled = _PauseThenDraftNoRule(12), _PauseThenDraft(12)
         again = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=policy)
+        ruled_again = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=ruled)
     finally:
         dec.p_min = 0.0
     assert again.tokens[:12] == res.tokens[:12]  # the target alone drew them
     kept = [e for e, top in zip(expected, tops) if top >= p_min]
     assert 0 < len(kept) < 12
     assert policy.outcomes[12].work.shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)
+    assert ruled_again.tokens[:12] == res.tokens[:12]
+    assert ruled.outcomes[12].work.shadow == pytest.approx(expected, rel=1e-3, abs=1e-4)
+
+
+class _PauseThenDraftNoRule(_PauseThenDraft):
+    """The same, without a stop rule: drafts run to 2 unless p_min cuts them."""
+
+    extend = staticmethod(always_more)
+
+
+def test_p_min_cuts_the_drafts_of_a_fixed_length_not_of_a_stop_rule(dec):
+    """At T > 0, `p_min` ends a fixed-length draft where the draft's top token is below
+    it; a policy with its own stop rule (auto) is not overruled: its rule learns what a
+    confidence is worth (a near-copy MTP layer's drafts were cut half the time by 0.2
+    and accepted 99%)."""
+    prompt = dec.tokenize("Once upon a time")
+    sampling = SamplingParams(temperature=1.0, seed=5)
+    dec.p_min = 1.0  # no top token reaches it
+    try:
+        fixed = dec.generate(prompt, max_tokens=20, sampling=sampling, draft_max=2)
+        ruled = _PauseThenDraft(0)
+        dec.generate(prompt, max_tokens=20, sampling=sampling, draft_max=ruled)
+    finally:
+        dec.p_min = 0.0
+    assert fixed.stats.drafted == 0
+    assert all(o.k == 2 for o in ruled.outcomes[:-1]) and ruled.outcomes[0].k == 2
 
 
 def test_a_greedy_draft_reads_its_confidence_only_for_a_stop_rule(dec, monkeypatch):

@@ -11,6 +11,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from specllama.engine.decoder import AHEAD_MAX
 from specllama.engine.drafting.base import ModelWork, Source
@@ -78,6 +79,12 @@ class Machine:
 
 
 F32 = Machine()
+#: The synthetic Qwen3.5 2B layout drafted by its own MTP layer (Intel Xeon, 2 threads;
+#: docs/lab/2026-12-hybrid-mtp.md): T(n) over a 119 ms step (n = 1..6 and 9 measured,
+#: the rest interpolated), an MTP step 0.28 of it, its catch-up a guess.
+QWEN35_MTP = Machine(loop_ms=tuple(119 * r for r in (
+    1, 1.49, 1.80, 2.11, 2.40, 2.63, 2.80, 2.97, 3.13, 3.29, 3.45, 3.61, 3.77, 3.93, 4.09,
+    4.25)), step_ms=30.0, wake_ms=2.0, catch_up_ms=8.0)
 
 
 def simulate(policy, text: Text, machine: Machine = F32, seed=0, spikes: float = 0.0) -> float:
@@ -166,15 +173,46 @@ def texts_for(alpha: float, informative: bool, count: int = 8, n: int = 256) -> 
     return [[token() for _ in range(n)] for _ in range(count)]
 
 
-def f32_auto(tuning: AutoTuning | None = None) -> AutoDraftLength:
-    ms = tuple(x * 1e-3 for x in F32_CALIBRATED_MS)
-    return AutoDraftLength(AutoState(CostCurve(ms), F32_DRAFT_CURVE,
-                                     tuning=tuning))
+def copy_head_texts(alpha: float, spread: bool, count: int = 8, n: int = 48) -> list[Text]:
+    """An MTP layer near a copy of its target (the synthetic Qwen3.5's): drafts accepted
+    at rate alpha whatever its confidence, which is flat and low greedy (random weights:
+    a few percent) or spread over 0.05-0.95 (T = 0.8)."""
+    rng = random.Random(int(alpha * 100) + 7 * spread)
+    def token():
+        c = rng.uniform(0.05, 0.95) if spread else rng.uniform(0.01, 0.05)
+        return rng.random() < alpha, c
+    return [[token() for _ in range(n)] for _ in range(count)]
 
 
-def auto_speedup(texts: list[Text], tuning: AutoTuning | None = None) -> float:
+def state_for(machine: Machine, tuning: AutoTuning | None = None) -> AutoState:
+    """Auto's state calibrated as on `machine`: the F32 pair's own calibration, any other
+    machine's on its loop costs."""
+    if machine is F32:
+        return AutoState(CostCurve(tuple(x * 1e-3 for x in F32_CALIBRATED_MS)),
+                         F32_DRAFT_CURVE, tuning=tuning)
+    draft = CostCurve((machine.step_ms * 1e-3, (machine.step_ms + machine.catch_up_ms) * 1e-3))
+    return AutoState(CostCurve(tuple(x * 1e-3 for x in machine.loop_ms)), draft, tuning=tuning)
+
+
+def auto_speedup(texts: list[Text], tuning: AutoTuning | None = None,
+                 machine: Machine = F32) -> float:
     """Auto's mean speedup over the target alone on these texts (a fresh policy each)."""
-    return statistics.mean(simulate(f32_auto(tuning), t, seed=s) for s, t in enumerate(texts))
+    return statistics.mean(simulate(AutoDraftLength(state_for(machine, tuning)), t, machine,
+                                    seed=s) for s, t in enumerate(texts))
+
+
+def auto_calls(texts: list[Text], tuning: AutoTuning | None = None, machine: Machine = F32,
+               spikes: float = 0.0, state: AutoState | None = None) -> float:
+    """Auto's mean speedup over the texts run as calls of one decoder, each a new text
+    (`AutoDraftLength.for_decoder`: it probes in its first round, carries some evidence)."""
+    held = state or state_for(machine, tuning)
+
+    class Decoder:  # what AutoDraftLength.for_decoder reads
+        target = SimpleNamespace(others=0, companions=0)  # alone in its batches
+        policy_state = {"auto": held}
+
+    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, machine,
+                                    seed=s, spikes=spikes) for s, t in enumerate(texts))
 
 
 def fixed_speedups(texts: list[Text], ks=range(1, 7), spikes: float = 0.0,

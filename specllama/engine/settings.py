@@ -258,8 +258,9 @@ class Settings:
                             "differ (each exact).", _seed_check)
     # Why 0.2, and what it gains where verifying is dear: docs/architecture.md,
     # "The draft confidence cutoff".
-    p_min: float = _row(0.2, float, "Stop a draft when the draft model's top token has less "
-                        "probability (0 = never; exact either way).", _float_in(0.0, 1.0))
+    p_min: float = _row(0.2, float, "Stop a fixed-length draft when the draft model's top "
+                        "token has less probability (0 = never; auto's stop rule learns its "
+                        "own; exact either way).", _float_in(0.0, 1.0))
 
     # The output's constraint: one of these three at most (see `constraint`).
     json_schema: str | None = _row(

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .tuning import AutoTuning
 
 DEFAULT = AutoTuning()
+#: The powers gamma of the curve confidence ** gamma that ConfidenceAcceptance fits.
+GAMMAS = 0.02 * 1.15 ** np.arange(40)  # 0.02 .. 4.7
 
 
 class AcceptanceEstimate:
@@ -93,10 +97,15 @@ class AcceptanceEstimate:
 
 class ConfidenceAcceptance:
     """P(a drafted token is accepted | the draft model's confidence at it), per bin of
-    confidence, from decayed counts shrunk towards confidence ** 0.5 (close to what the
-    F32 pair showed greedy; at T = 0.8 acceptance rose less steeply: the counts learn
-    it). `next_rate` is the mean acceptance of the rows the draft model read, what the
-    next row is worth before it is read."""
+    confidence, from decayed counts shrunk towards the curve confidence ** gamma.
+    `next_rate` is the mean acceptance of the rows the draft model read, what the next
+    row is worth before it is read.
+
+    gamma is fit to every bin's counts at once (the most likely on a grid, with a prior's
+    pseudo-counts at confidence ** prior_power): the F32 pair's drafts, greedy, were
+    accepted close to confidence ** 0.5, but an MTP layer near a copy of its target has
+    almost every draft accepted at any confidence, and per bin alone that took most of a
+    48-token call to learn (a draft of one token a round where three paid)."""
 
     def __init__(self, tuning: AutoTuning = DEFAULT, prior_power: float | None = None) -> None:
         """prior_power: the prior is confidence ** this (None: the tuning's, for a draft
@@ -107,15 +116,16 @@ class ConfidenceAcceptance:
         self.seen = [0.0] * self.bins
         self.accepted = [0.0] * self.bins
         self.next_rate = tuning.next_rate_prior
+        self.centres = (np.arange(self.bins) + 0.5) / self.bins
+        self.gamma = self.prior_power
+        self._curve = self.centres ** self.gamma
 
     def _bin(self, confidence: float) -> int:
         return min(self.bins - 1, max(0, int(confidence * self.bins)))
 
     def rate(self, confidence: float) -> float:
-        b, t = self._bin(confidence), self.tuning
-        prior = ((b + 0.5) / self.bins) ** self.prior_power
-        return (self.accepted[b] + t.confidence_prior_weight * prior) / (
-            self.seen[b] + t.confidence_prior_weight)
+        b, w = self._bin(confidence), self.tuning.confidence_prior_weight
+        return (self.accepted[b] + w * float(self._curve[b])) / (self.seen[b] + w)
 
     def read(self, rate: float) -> None:
         """A row was read whose token would be accepted at `rate`."""
@@ -128,6 +138,20 @@ class ConfidenceAcceptance:
             b = self._bin(c)
             self.seen[b] = self.seen[b] * decay + 1.0
             self.accepted[b] = self.accepted[b] * decay + (i < accepted)
+        if self.tuning.confidence_fit:
+            self._fit()
+
+    def _fit(self) -> None:
+        """gamma: the most likely curve given the counts and the prior's pseudo-counts
+        (confidence_prior_weight of them in all, spread over the bins)."""
+        pseudo = self.tuning.confidence_prior_weight / self.bins
+        seen = np.asarray(self.seen) + pseudo
+        accepted = np.asarray(self.accepted) + pseudo * self.centres ** self.prior_power
+        curves = self.centres[None, :] ** GAMMAS[:, None]
+        likelihood = (accepted * np.log(curves)
+                      + (seen - accepted) * np.log1p(-np.minimum(curves, 1 - 1e-9))).sum(1)
+        self.gamma = float(GAMMAS[int(np.argmax(likelihood))])
+        self._curve = self.centres ** self.gamma
 
     def forget(self, keep: float) -> None:
         self.seen = [n * keep for n in self.seen]

@@ -74,6 +74,7 @@ class AutoDraftLength:
     companions: Callable[[], int] = lambda: 0
     _deferred: int = 0  # prompt tokens left to the draft model (may_draft) until it drafts
     _model_asked: bool = False  # the draft model is in play in this call (hybrid drafting)
+    _probed: bool = False  # this round's draft is a probe
     _stop: StopRule = field(init=False)  # where this call's drafts end
 
     def __post_init__(self) -> None:
@@ -199,6 +200,7 @@ class AutoDraftLength:
         if not hopeful.speculate or t.probe_k <= 0:
             return 0
         tally.probes += 1
+        self._probed = True
         return max(1, min(t.probe_k, hopeful.best_k))
 
     def _model_does_better(self, lookup: SourceState, decision: Decision) -> bool:
@@ -270,9 +272,14 @@ class AutoDraftLength:
             source = next((s for s, k in self._chosen.items() if k > 0), source)
         chosen = self._chosen.get(source, 0)
         self._chosen.clear()
+        probed, self._probed = self._probed, False
         if chosen == 0:
             return
         m, k = outcome.m, outcome.k
+        if probed and k > 0 and m == k and self.tuning.probe_again:
+            # Every draft of the probe held: probe again next round, which costs a step
+            # (no paused tokens to catch up on) where waiting costs probe_every rounds.
+            self.state.source(source).probe_every = 1
         tally = self._tally.setdefault(source, _Tally())
         tally.k_sum += k
         tally.accepted_sum += m

@@ -47,6 +47,9 @@ class AutoTuning:
     probe_every_max: int = 256
     #: A probe's draft length (0: no probes).
     probe_k: int = 2
+    #: After a probe whose every draft was accepted, probe again next round (off: at the
+    #: spacing above; the synthetic Qwen3.5's MTP layer then waited 8 of 48 rounds).
+    probe_again: bool = True
     #: Probe only where drafting would pay at this acceptance (or the estimate, if
     #: higher), capped at the estimate's upper bound.
     optimistic_alpha: float = 0.9
@@ -92,6 +95,9 @@ class AutoTuning:
     #: Counts per bin are shrunk towards confidence ** confidence_prior_power.
     confidence_prior_power: float = 0.5
     confidence_prior_weight: float = 2.0
+    #: Fit the curve's power to every bin's counts at once (off: the prior's power, each
+    #: bin learnt alone; a near-copy MTP layer then drafted one token where three paid).
+    confidence_fit: bool = True
     confidence_decay: float = 0.98
     #: A lookup's share of agreeing copies (engine.lookup.Continuation) is a frequency: its
     #: prior is share ** this (1: taken at its word until the counts say otherwise).

@@ -89,9 +89,10 @@ def builtin_prompts(name: str = "bench") -> list[BenchPrompt]:
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[BenchPrompt]:
-    """A file, or the name of a built-in set (where no such file exists)."""
+    """A file, or the name of a built-in set (where no such file exists: a folder of that
+    name, as this project's bench/, does not hide it)."""
     p = Path(path).expanduser()
-    if str(path) in BUILTIN_SETS and not p.exists():
+    if str(path) in BUILTIN_SETS and not p.is_file():
         return builtin_prompts(str(path))
     try:
         text = p.read_text(encoding="utf-8")

@@ -1,9 +1,9 @@
 """The draft model as a drafter: it samples the draft one token at a time from its own q.
 
 `p_min` stops a draft early when the draft's most likely next token has less than that
-probability. The decision depends on q alone, never on which token is then drawn, so the
-acceptance rule stays exact. A draft ends after a token that ends generation: nothing
-after it is used.
+probability (under a fixed draft length; auto's stop rule learns where to stop). The
+decision depends on q alone, never on which token is then drawn, so the acceptance rule
+stays exact. A draft ends after a token that ends generation: nothing after it is used.
 
 A cheaper source may feed the model (`Feeder`, a lookup):
 - "splice": where several earlier replies agree on what comes next (the fixed parts of a
@@ -64,6 +64,13 @@ class Feeder(Protocol):
     def peek(self, context: Sequence[int], k: int) -> list[int]:
         """Up to k tokens the text seen so far expects after `context`; no state changes."""
         ...
+
+
+def _p_min(ask: Ask, p_min: float) -> float:
+    """The cutoff a draft obeys: none where the policy has a stop rule of its own (auto's
+    learns what each confidence is worth; p_min's 0.2 was chosen on the SmolLM2 pair and
+    cut half the drafts of a near-copy MTP layer that were accepted 99% of the time)."""
+    return p_min if ask.lengths.extend is always_more else 0.0
 
 
 @dataclass
@@ -222,7 +229,7 @@ class ModelDrafter:
         # verdict: a recurrent draft keeps its state from here (rewind.py).
         if k > 1:
             self.model.checkpoint()
-        run = _Run(ask, k, self.p_min, self.origin, self.ends,
+        run = _Run(ask, k, _p_min(ask, self.p_min), self.origin, self.ends,
                    ask.lengths.extend is not always_more)
         steps_from = self.model.decode_s
         if self.feeder is not None and self.feed == "verify":
@@ -360,6 +367,6 @@ class ModelDrafter:
         m.decode(context[kept:first], "none")
         m.decode(context[first:], "all")
         chances = (first_draft_acceptance(m.logits_row(j - first - 1), context[j],
-                                          self.target_p[j], ask.params, self.p_min)
+                                          self.target_p[j], ask.params, _p_min(ask, self.p_min))
                    for j in alone)
         return tuple(c for c in chances if c is not None)
