@@ -147,6 +147,34 @@ def test_every_cut_gives_what_a_fresh_decode_gives(pairs, family, cut):
         m.close()
 
 
+@pytest.mark.parametrize("logits", ["last", "all"])
+def test_a_state_taken_back_decodes_the_kept_tokens_with_the_next_batch(pairs, logits):
+    """A checkpoint copy takes the state back before the whole verify pass; the tokens it
+    kept are owed, not decoded on their own: the next round's batch carries them, so a
+    rejected round costs one decode more, not two. Every row that batch reads is a fresh
+    decode's, counted from the caller's first token."""
+    target = pairs["mamba"][0]
+    m = Model(target, n_ctx=256, n_threads=1)
+    try:
+        t = m.tokenize(TEXT * 2)
+        m.decode(t[:10], "none")
+        m.checkpoint(5)
+        m.decode(t[10:15], "all")  # [last, d1..d4]
+        m.truncate(12)  # d1 accepted: back to the copy at 10, tokens 10 and 11 owed
+        assert (m.cached, m.owed, m.pos_max() + 1) == (t[:12], 2, 12)
+        calls, evaluated = m.decode_calls, m.tokens_evaluated
+        m.decode(t[12:16], logits)
+        assert m.decode_calls == calls + 1 and m.tokens_evaluated == evaluated + 6
+        assert (m.owed, m.pos_max() + 1) == (0, 16) and m.rewinder.counts.redecoded_tokens == 2
+        rows = range(4) if logits == "all" else [3]
+        for i in rows:
+            np.testing.assert_allclose(m.logits_row(i), fresh_row(target, t[:13 + i]),
+                                       atol=1e-3)
+        np.testing.assert_allclose(m.logits_row(-1), fresh_row(target, t[:16]), atol=1e-3)
+    finally:
+        m.close()
+
+
 def test_the_cut_test_catches_a_stale_state(pairs, monkeypatch):
     """llama.cpp returns True for a rollback past its last batch and leaves the state
     of the wrong token: taking its word (the snapshot path without the checks) fails the
@@ -300,11 +328,13 @@ def test_the_law_test_rejects_a_wrong_rule(dec, pairs, family, monkeypatch):
 # ---------------------------------------------------------------- the rest of the product
 
 
-def test_parallel_slots_and_the_prompt_cache_on_a_hybrid_pair(pairs):
+@pytest.mark.parametrize("family", ["qwen35", "mamba"])
+def test_parallel_slots_and_the_prompt_cache_on_a_hybrid_pair(pairs, family):
     """`serve --parallel 2`: four greedy requests at once equal each alone, every
     sequence's cache ends where its bookkeeping says, and a prompt cache copy made on one
-    slot restores into the other."""
-    target, draft = pairs["qwen35"]
+    slot restores into the other (Mamba: its owed tokens decoded by the batcher, outside
+    its lock)."""
+    target, draft = pairs[family]
     alone = SpeculativeDecoder.load(target, draft, n_ctx=512, n_threads=1, p_min=0.0)
     try:
         prompts = [alone.tokenize(p) for p in ("the cat sat on the", TEXT, "a b c d e f g",

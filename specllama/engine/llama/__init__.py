@@ -6,8 +6,9 @@ process-wide side in `backend` (log, start-up, RPC devices, fatal errors). Also 
 checks a pair as llama.cpp would (`compat`) and what reports the caches (`kvreport`).
 """
 
-from .model import DraftModel, KVState, LogitsWanted, Model, ModelView
+from .model import Model
 from .quantize import LLAMA_CPP_VERSION, QUANT_TYPES, quantize
+from .views import DraftModel, KVState, LogitsWanted, ModelView
 from .vocab import Vocabulary
 
 __all__ = ["LLAMA_CPP_VERSION", "QUANT_TYPES", "DraftModel", "KVState", "LogitsWanted", "Model",

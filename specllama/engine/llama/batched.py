@@ -36,10 +36,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from ...errors import DecodeError
-from .model import KVState, LogitsWanted, Model
+from .model import Model
+from .views import KVState, LogitsWanted
 
 T = TypeVar("T")
 
@@ -324,10 +323,6 @@ class SeqView(Model):
         a round with (those that arrived since the last batch included)."""
         return self.batcher.in_progress() - 1
 
-    def logits_row(self, i: int) -> np.ndarray:
-        # Nothing decodes the target again before this sequence hands in its next share.
-        return super().logits_row(self.batch_row(i))
-
     def batch_row(self, i: int) -> int:
         return self._offset + (i if i >= 0 else self._rows + i)
 
@@ -342,6 +337,7 @@ class SeqView(Model):
     def checkpoint(self, next_batch: int | None = None) -> None:
         if self.rewinder.best == "trim":  # a KV cache: nothing to keep, no lock to take
             return
+        self._settle_before(next_batch)  # a decode: the batcher's, outside its lock
         with self.batcher.lock:
             super().checkpoint(next_batch)
 
@@ -350,6 +346,7 @@ class SeqView(Model):
             super().clear()
 
     def save_state(self) -> KVState:
+        self.settle()  # a decode: the batcher's, outside its lock
         with self.batcher.lock:
             return super().save_state()
 

@@ -13,9 +13,8 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,69 +25,12 @@ from .backend import lc  # llama_cpp, imported there with the fix for a broken i
 from .context import Context
 from .gguf import check_gguf_file
 from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
+from .views import KVState, LogitsWanted
 from .vocab import Vocabulary
 
 # llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine, ruinous
 # when another process takes a core; hence the default thread count of loading.py rather than
 # another wait policy (docs/lab/2026-12-local-generation.md, "A busy machine: threads and waiting").
-
-LogitsWanted = Literal["none", "last", "all"]
-
-
-class DraftModel(Protocol):
-    """A draft model as the round loop drives it, in target ids: a `Model` of the
-    target's family, or a cross-vocabulary view (engine/crossvocab.py)."""
-
-    path: Path
-    cached: list[int]
-    #: "mtp" where the draft is the target's own MTP layers (mtp.py)
-    drafts_as: str
-
-    @property
-    def decode_s(self) -> float: ...
-    @property
-    def tokens_evaluated(self) -> int: ...
-    def decode(self, tokens: list[int], logits: LogitsWanted = "last") -> None: ...
-    def logits_row(self, i: int) -> np.ndarray: ...
-    def sync_to(self, tokens: list[int]) -> int: ...
-    def truncate(self, n: int) -> None: ...
-    def checkpoint(self, next_batch: int | None = None) -> None: ...
-    def clear(self) -> None: ...
-    def pos_max(self) -> int: ...
-    def can_draft(self) -> bool: ...
-    def set_threads(self, n_threads: int) -> None: ...
-    @property
-    def n_threads(self) -> int: ...
-
-
-class ModelView(DraftModel, Protocol):
-    """One sequence of a loaded model as the round loop and the drafters drive it: a
-    whole `Model` (sequence 0), a `SeqView` (sequence s of a context shared under
-    --parallel: batched.py) or an `MtpDraft` (the target's MTP layers: mtp.py). Each
-    holds its own sequence's state; what the views of a context share is `shared`."""
-
-    shared: Context
-    seq: int
-    rewinder: Rewinder
-    n_batch: int  # the most tokens one of its llama_decode calls takes
-    prompt_step: int  # the round loop's steps through a prompt
-    others: int  # tokens of other sequences in its last decode
-
-    @property
-    def companions(self) -> int: ...
-    @property
-    def placement(self) -> str: ...
-    def piece(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
-
-
-@dataclass(frozen=True)
-class KVState:
-    """One model's KV cache as bytes, and the tokens it holds (position = index)."""
-
-    tokens: tuple[int, ...]
-    data: bytes
-
 
 class Model(Vocabulary):
     """One GGUF model with its own KV cache, driven token by token: sequence 0 of the
@@ -148,6 +90,11 @@ class Model(Vocabulary):
         # Cuts of a long input: decode's own llama_decode calls, and the round loop's steps
         self.n_batch = self.prompt_step = shared.n_batch
         self.cached: list[int] = []  # token ids held by the KV cache, position = index
+        #: The last `owed` tokens of `cached` are not in the memory yet: a recurrent state
+        #: taken back to a checkpoint decodes them with the next batch (one decode, not two).
+        self.owed = 0
+        self._skip = 0  # rows of the last decode before the caller's (the owed tokens)
+        self._skip_next = 0  # the same for the decode being filled
         self.decode_s = 0.0  # wall time inside llama_decode
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
         self.decode_calls = 0
@@ -225,6 +172,12 @@ class Model(Vocabulary):
         this call (i counted within `tokens`; only rows asked for exist)."""
         if not tokens:
             return
+        skip = 0
+        if self.owed:
+            if logits == "all" and self.owed + len(tokens) > self.n_batch:
+                self.settle()
+            else:
+                tokens, skip = self._owed_first(tokens)
         start = len(self.cached)
         if start + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
@@ -241,6 +194,7 @@ class Model(Vocabulary):
             return
         # Record first: if anything interrupts us, the recovery path trusts the
         # smaller of this list and the cache's real end (pos_max).
+        self._skip_next = skip
         self.cached.extend(tokens)
         rc, seconds = self._run(tokens, logits, start)
         self.decode_s += seconds
@@ -256,8 +210,24 @@ class Model(Vocabulary):
                               f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
         self.rewinder.decoded(start, start + len(tokens))
         self.tokens_evaluated += len(tokens)
+        self._skip = skip
         if self.on_decoded is not None:
             self.on_decoded(start, len(tokens))
+
+    def _owed_first(self, tokens: list[int]) -> tuple[list[int], int]:
+        """The owed tokens, taken out of `cached`, then `tokens`: decoded as one batch whose
+        first rows (how many: returned) carry no logits; `logits_row` counts from the
+        caller's first token."""
+        owed, self.owed = self.owed, 0
+        again = self.cached[-owed:]
+        del self.cached[-owed:]
+        return again + tokens, owed
+
+    def settle(self) -> None:
+        """Decode the owed tokens now (before the state is copied out, or a batch too
+        wide to take them)."""
+        if self.owed:
+            self.decode(self._owed_first([])[0], "none")
 
     def _run(self, tokens: list[int], logits: LogitsWanted, start: int) -> tuple[int, float]:
         """One llama_decode of `tokens` at positions from `start`: its return code and
@@ -275,13 +245,14 @@ class Model(Vocabulary):
         """Write `tokens` (positions from `start`, this object's sequence) into rows
         at.. of a llama_batch."""
         want_all = logits == "all"
+        skip = self._skip_next
         for i, tok in enumerate(tokens):
             j = at + i
             batch.token[j] = tok if tok < self.n_vocab else self._stand_in
             batch.pos[j] = start + i
             batch.n_seq_id[j] = 1
             batch.seq_id[j][0] = self.seq
-            batch.logits[j] = want_all
+            batch.logits[j] = want_all and i >= skip
         if logits == "last":
             batch.logits[at + len(tokens) - 1] = True
 
@@ -294,8 +265,9 @@ class Model(Vocabulary):
         return rpc_net.warm_batch_sizes(self, sizes)
 
     def logits_row(self, i: int) -> np.ndarray:
-        """Zero-copy view of the logits of row i of the last decode; valid until the next one."""
-        return self.shared.logits(i)
+        """Zero-copy view of the logits of row i of the last decode (counted from the
+        caller's first token); valid until the next one."""
+        return self.shared.logits(self.batch_row(i + self._skip if i >= 0 else i))
 
     def batch_row(self, i: int) -> int:
         """Row i of this object's last decode as a row of the batch that carried it."""
@@ -306,8 +278,8 @@ class Model(Vocabulary):
         return True
 
     def pos_max(self) -> int:
-        """Highest position the KV cache really holds (-1 when empty)."""
-        return int(lc.llama_memory_seq_pos_max(self.shared.mem, self.seq))
+        """Highest position the KV cache holds (-1 when empty), owed tokens counted."""
+        return int(lc.llama_memory_seq_pos_max(self.shared.mem, self.seq)) + self.owed
 
     def pos_min(self) -> int:
         """Lowest position it holds (above 0 where a sliding window pruned cells)."""
@@ -323,23 +295,38 @@ class Model(Vocabulary):
         """The state here may be wanted back: a recurrent model keeps a copy unless its
         own snapshots will do (next_batch: the size of the one batch that follows, when
         a cut keeps at least its first token). Nothing for a KV cache (rewind.py)."""
-        self.rewinder.checkpoint(len(self.cached), next_batch)
+        self._settle_before(next_batch)
+        after = None if next_batch is None else next_batch + self.owed
+        self.rewinder.checkpoint(len(self.cached) - self.owed, after)
+
+    def _settle_before(self, next_batch: int | None) -> None:
+        """A checkpoint copies the state before the owed tokens, so a cut behind the next
+        batch owes them again: they ride along at most as many as that batch holds (with
+        a rejection every round they grew without end)."""
+        if self.owed and (next_batch is None or self.owed > next_batch):
+            self.settle()
 
     def _cut(self, n: int, *, lazy: bool = False) -> int:
         """Drop positions n.. by the cheapest exact path (rewind.py). A recurrent state
-        may have to go back further: the tokens between are decoded again, or with
-        `lazy` left to the caller. Returns the tokens the cache then holds."""
-        kept = self._cut_memory(n, max(len(self.cached), n))
+        may have to go back further: the tokens between are owed, decoded with the next
+        batch, or with `lazy` left to the caller. Returns the tokens the cache then holds."""
+        held = len(self.cached) - self.owed  # what the memory holds
+        if n >= held:  # only owed tokens go
+            del self.cached[n:]
+            self.owed = n - held
+            return n
+        self.owed = 0
+        kept = self._cut_memory(n, held)
         if kept < 0:
+            del self.cached[held:]
             raise KVCacheError(
                 f"{self.path.name}: llama.cpp could not drop cached tokens from position {n}; "
                 "stopping rather than continuing with a cache that holds what it should not"
             )
-        again = self.cached[kept:n]  # (empty but for a state taken back further)
-        del self.cached[kept:]
-        if again and not lazy:
-            self.rewinder.counts.redecoded_tokens += len(again)
-            self.decode(again, "none")
+        del self.cached[n if not lazy else kept:]
+        if not lazy:
+            self.owed = n - kept  # (0 but for a state taken back further)
+            self.rewinder.counts.redecoded_tokens += self.owed
         return len(self.cached)
 
     def _cut_memory(self, n: int, length: int) -> int:
@@ -347,6 +334,7 @@ class Model(Vocabulary):
 
     def clear(self) -> None:
         self.rewinder.forget()
+        self.owed = 0
         if self.n_seq == 1:
             lc.llama_memory_clear(self.shared.mem, True)
         else:
@@ -356,6 +344,7 @@ class Model(Vocabulary):
     def save_state(self) -> KVState:
         """A copy of the KV cache and the tokens it holds (llama.cpp's sequence state),
         for `restore` later, after other prompts have passed through."""
+        self.settle()
         size = int(lc.llama_state_seq_get_size(self.shared.ctx, self.seq))
         buf = (ctypes.c_uint8 * size)()
         written = int(lc.llama_state_seq_get_data(self.shared.ctx, buf, size, self.seq))

@@ -31,8 +31,9 @@ from ...errors import ModelLoadError
 from . import backend
 from .backend import lc
 from .context import Context
-from .model import LogitsWanted, Model
+from .model import Model
 from .rewind import Rewinder
+from .views import LogitsWanted
 
 lcx: Any
 try:  # the nextn calls live in llama-cpp-python's C++ extension bindings (0.3.36 on)

@@ -14,8 +14,11 @@ the first path that is exact:
   nothing and these conditions are checked here.
 - "copy": a checkpoint of the state in a spare sequence (`llama_memory_seq_cp`, which
   shares the attention cells and copies the recurrent state on write), taken before the
-  tokens that may go; the cut puts it back and decodes the kept tokens after it again.
-- "redecode": from nothing, every kept token again: the last resort, correct.
+  tokens that may go; the cut puts it back, and the kept tokens after it are owed
+  (`Model.owed`): the next batch decodes them first, so a round cut back this way costs
+  a wider next batch, not a decode of its own.
+- "redecode": from nothing, every kept token again (owed the same way): the last
+  resort, correct.
 """
 
 from __future__ import annotations
