@@ -837,6 +837,32 @@ def test_the_ahead_test_rejects_a_draw_that_is_not_from_q(ahead_setup, monkeypat
     assert goodness_of_fit(counts, exact) < 1e-6
 
 
+def test_p_min_cuts_drafting_ahead_only_without_a_stop_rule(ahead_setup):
+    """Drawn ahead, as drafted in turn, `p_min` binds a fixed draft length; a policy with
+    a stop rule of its own (auto) judges the tokens drawn ahead itself."""
+    from test_speculative import _PauseThenDraft
+
+    class OneWithItsOwnRule(_PauseThenDraft):
+        def choose(self, source="model", match=0):
+            return 1
+
+    dec, _, prompt = ahead_setup
+    params = SamplingParams(temperature=1.0, seed=1)
+    dec.p_min = 1.0  # no top token reaches it
+    try:
+        for _ in range(4):  # what is drawn ahead depends on the cores the thread gets
+            ruled = dec.generate(prompt, max_tokens=40, sampling=params,
+                                 draft_max=OneWithItsOwnRule(0), drafters="model")
+            if ruled.stats.ahead > 0:
+                break
+        fixed = dec.generate(prompt, max_tokens=40, sampling=params, draft_max=1,
+                             drafters="model")
+    finally:
+        dec.p_min = 0.0
+    assert ruled.stats.ahead > 0
+    assert fixed.stats.drafted == 0 and fixed.stats.ahead == 0
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_drafts_drawn_ahead_equal_the_target_alone(ahead_setup, k):
     dec, _, prompt = ahead_setup

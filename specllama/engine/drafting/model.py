@@ -299,6 +299,7 @@ class ModelDrafter:
         rng = np.random.default_rng(int(ask.rng.integers(2**63)))  # the worker's own
         if self._worker is None:
             self._worker = AheadWorker(self.model, p_min=self.p_min, ends=self.ends)
+        self._worker.p_min = _p_min(ask, self.p_min)  # (idle until start)
         # In turn it drafts on every thread; ahead, beside the target, on its own few.
         self._threads = self.model.n_threads
         self.model.set_threads(self.ahead_threads or self._threads)
