@@ -43,12 +43,11 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from bench.lib.common import parser, run
-from bench.lib.simulated import Machine, Text, fixed_speedups, simulate, texts_for
+from bench.lib.simulated import Machine, Text, auto_calls, fixed_speedups, texts_for
 from specllama.engine.loop.events import RoundVerified
-from specllama.policy import AutoDraftLength, AutoState, AutoTuning
+from specllama.policy import AutoDraftLength, AutoTuning
 from specllama.policy.calibration import CostCurve
 from specllama.policy.split import candidates
 
@@ -156,17 +155,8 @@ def auto_run(texts: list[Text], machine: Machine, tuning: AutoTuning | None = No
              ) -> tuple[float, float]:
     """Auto's mean speedup over the texts, run as calls of one decoder calibrated on the
     machine's own curve and draft step, and its mean draft (rounds that drafted)."""
-    draft = CostCurve((machine.step_ms * 1e-3, (machine.step_ms + machine.catch_up_ms) * 1e-3))
-
-    class Decoder:  # what AutoDraftLength.for_decoder reads
-        target = SimpleNamespace(others=0, companions=0)  # alone in its batches
-        policy_state = {"auto": AutoState(CostCurve(tuple(x * 1e-3 for x in machine.loop_ms)),
-                                          draft, tuning=tuning)}
-
     seen: list[int] = []
-    speedup = statistics.mean(
-        simulate(Watched(AutoDraftLength.for_decoder(Decoder()), seen), t, machine, seed=s)
-        for s, t in enumerate(texts))
+    speedup = auto_calls(texts, tuning, machine, watch=lambda policy: Watched(policy, seen))
     return speedup, statistics.mean(seen) if seen else 0.0
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 from specllama.engine.decoder import AHEAD_MAX
 from specllama.engine.drafting.base import ModelWork, Source
@@ -202,16 +203,18 @@ def auto_speedup(texts: list[Text], tuning: AutoTuning | None = None,
 
 
 def auto_calls(texts: list[Text], tuning: AutoTuning | None = None, machine: Machine = F32,
-               spikes: float = 0.0, state: AutoState | None = None) -> float:
+               spikes: float = 0.0, state: AutoState | None = None,
+               watch: Callable[[AutoDraftLength], Any] = lambda policy: policy) -> float:
     """Auto's mean speedup over the texts run as calls of one decoder, each a new text
-    (`AutoDraftLength.for_decoder`: it probes in its first round, carries some evidence)."""
+    (`AutoDraftLength.for_decoder`: it probes in its first round, carries some evidence);
+    `watch` wraps each call's policy (to record what it chose)."""
     held = state or state_for(machine, tuning)
 
     class Decoder:  # what AutoDraftLength.for_decoder reads
         target = SimpleNamespace(others=0, companions=0)  # alone in its batches
         policy_state = {"auto": held}
 
-    return statistics.mean(simulate(AutoDraftLength.for_decoder(Decoder()), t, machine,
+    return statistics.mean(simulate(watch(AutoDraftLength.for_decoder(Decoder())), t, machine,
                                     seed=s, spikes=spikes) for s, t in enumerate(texts))
 
 

@@ -94,7 +94,6 @@ class Model(Vocabulary):
         #: taken back to a checkpoint decodes them with the next batch (one decode, not two).
         self.owed = 0
         self._skip = 0  # rows of the last decode before the caller's (the owed tokens)
-        self._skip_next = 0  # the same for the decode being filled
         self.decode_s = 0.0  # wall time inside llama_decode
         self.tokens_evaluated = 0  # every token ever decoded (prefix-reuse tests count these)
         self.decode_calls = 0
@@ -194,7 +193,7 @@ class Model(Vocabulary):
             return
         # Record first: if anything interrupts us, the recovery path trusts the
         # smaller of this list and the cache's real end (pos_max).
-        self._skip_next = skip
+        self._skip = skip
         self.cached.extend(tokens)
         rc, seconds = self._run(tokens, logits, start)
         self.decode_s += seconds
@@ -210,7 +209,6 @@ class Model(Vocabulary):
                               f"{len(tokens)} tokens (SPECLLAMA_DEBUG=1 shows llama.cpp's log)")
         self.rewinder.decoded(start, start + len(tokens))
         self.tokens_evaluated += len(tokens)
-        self._skip = skip
         if self.on_decoded is not None:
             self.on_decoded(start, len(tokens))
 
@@ -245,7 +243,7 @@ class Model(Vocabulary):
         """Write `tokens` (positions from `start`, this object's sequence) into rows
         at.. of a llama_batch."""
         want_all = logits == "all"
-        skip = self._skip_next
+        skip = self._skip
         for i, tok in enumerate(tokens):
             j = at + i
             batch.token[j] = tok if tok < self.n_vocab else self._stand_in
