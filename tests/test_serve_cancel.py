@@ -366,9 +366,10 @@ class InProcessServer:
     """The HTTP side in this process (uvicorn on a thread), its engine a real engine
     process made by `factory`."""
 
-    def __init__(self, factory, vocab: Vocabulary, parallel: int) -> None:
+    def __init__(self, factory, vocab: Vocabulary, parallel: int,
+                 engine=EngineProcess) -> None:
         self.model = "tiny"
-        self.engine = EngineProcess(factory, 0)
+        self.engine = engine(factory, 0)
         self.engine.start()
         self.log: list[str] = []
         assert self.engine.parallel == parallel  # as the models were loaded
@@ -408,6 +409,35 @@ def test_a_hung_compute_thread_is_the_engine_lost_path(tiny_target, tmp_path, mo
         assert h["engine_pid"] != pid and h["requests"]["engine_restarts"] == 1
         r = complete(server.url, server.model)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+    finally:
+        server.stop()
+
+
+class LateEngine(EngineProcess):
+    """Returns from each order half a second after its answer went out: by then the
+    HTTP side has sent it and cancelled the (ended) job."""
+
+    def run(self, *args):
+        outcome = super().run(*args)
+        time.sleep(0.5)
+        return outcome
+
+
+def test_a_request_answered_before_it_is_counted_counts_as_completed(tiny_target):
+    """/health counted a request whose answer had gone out as cancelled when the server
+    closed the job before the worker counted it (a race in CI's 8-client load test)."""
+    server = InProcessServer(functools.partial(load_tiny, str(tiny_target), None, 1, None),
+                             Vocabulary(tiny_target), 1, engine=LateEngine)
+    try:
+        assert complete(server.url, server.model).status_code == 200
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=120, json={
+                "model": server.model, "prompt": PROMPT, "max_tokens": 8,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            # As the openai client does: read up to [DONE], then hang up.
+            assert "data: [DONE]" in r.iter_lines()
+        h = wait_for(lambda: (h := health(server.url).json()) and not h["busy"] and h)
+        assert (h["requests"]["completed"], h["requests"]["cancelled"]) == (2, 0)
     finally:
         server.stop()
 

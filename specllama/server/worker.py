@@ -1,5 +1,4 @@
-"""One pair, many clients: worker threads serve jobs from a bounded FIFO queue, one
-thread per slot (`serve --parallel N`, slots.py).
+"""One pair, many clients: a thread per slot (`--parallel N`) serves a bounded FIFO queue.
 
 A slot (jobs.Slot; in `specllama serve` inside an engine process: isolation.py) blocks
 while it generates, so it is driven from these threads, never the event loop. Only
@@ -324,7 +323,8 @@ class Worker:
             t.busy_s += time.perf_counter() - started
             if failed is not None:
                 t.failed += 1
-            elif job.cancelled or result is None or result.finish_reason == "interrupted":
+            # (not job.cancelled: the HTTP side cancels each job it answered, maybe by now)
+            elif result is None or result.finish_reason == "interrupted":
                 t.cancelled += 1
             else:
                 t.completed += 1
