@@ -197,8 +197,9 @@ def _split(decoder: SpeculativeDecoder, merged: Settings, drafters: Drafters,
             raise InvalidParameterError("--draft-threads needs the draft model among the "
                                         f"drafters, not {','.join(drafters)}")
         return None
-    if merged.draft_threads == "auto" and merged.draft_max != "auto":
-        return None  # (nothing measured to weigh it with: take turns)
+    if merged.draft_threads == "auto" and (merged.draft_max != "auto"
+                                           or not decoder.may_draft_ahead):
+        return None  # (nothing measured to weigh it with, or it cannot: take turns)
     if isinstance(merged.draft_threads, int) and merged.draft_threads >= decoder.threads:
         raise InvalidParameterError(f"--draft-threads must be fewer than the "
                                     f"{decoder.threads} threads in all")

@@ -13,6 +13,9 @@ EOT 4 ``<|im_end|>``, ChatML template):
   layers; the per-layer ``attention.head_count_kv`` array says which is which (0 = conv).
 * ``write_tiny_gemma3``: ``gemma3``, sliding-window attention layers (window
   ``sliding_window``) alternating with global ones.
+* ``write_tiny_gemma4_pair``: a ``gemma4`` target (sliding and global layers alternating,
+  the last global) and a ``gemma4-assistant`` drafter for it, two layers of half its
+  width that read the target's last two layers' KV cache.
 
 As in tinymodels, the weights are a deterministic function of ``seed``; ``noise`` perturbs
 every tensor ``W`` into ``W + noise * rms(W) * N(0, 1)`` (draws from ``noise_seed``), so a
@@ -30,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from tinymodels import DEFAULT_LOGIT_SCALE, finish_with_vocab_a, vocab_pieces
 
-__all__ = ["write_tiny_gemma3", "write_tiny_lfm2", "write_tiny_qwen35"]
+__all__ = ["write_tiny_gemma3", "write_tiny_gemma4_pair", "write_tiny_lfm2",
+           "write_tiny_qwen35"]
 
 _N_EMBD, _N_HEAD, _N_HEAD_KV, _HEAD_DIM, _N_FF = 64, 4, 2, 16, 128
 # Gain of the q/k norm weights: q and k are RMS-normalised per head in all three
@@ -248,3 +252,81 @@ def write_tiny_gemma3(path: str | Path, *, seed: int = 0, noise: float = 0.0,
     }
     return _write(path, "gemma3", f"tiny-gemma3-s{seed}-w{sliding_window}", hparams, w,
                   noise=noise, noise_seed=noise_seed)
+
+
+
+def _gemma4_shapes(n_layer: int, sliding_window: int) -> dict:
+    """The attention shapes a Gemma 4 assistant must share with its target: layer il
+    slides iff il is even, so with an even n_layer the last layer is global and the one
+    before it sliding (the two whose cache the assistant reads)."""
+    return {
+        "block_count": n_layer,
+        "attention.head_count": _N_HEAD, "attention.head_count_kv": _N_HEAD_KV,
+        "attention.key_length": _HEAD_DIM, "attention.value_length": _HEAD_DIM,
+        "attention.key_length_swa": _HEAD_DIM, "attention.value_length_swa": _HEAD_DIM,
+        "attention.sliding_window": sliding_window,
+        "attention.sliding_window_pattern": [i % 2 == 0 for i in range(n_layer)],
+        "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
+    }
+
+
+def _gemma4_layer(rng: np.random.Generator, p: str, n_embd: int, gain: float,
+                  kv: bool) -> dict:
+    """One Gemma 4 layer; `gain` (the post-norm weights) sets how much attention and
+    the FFN add to the residual stream; an assistant's layers (kv False) only query."""
+    w = {p + "attn_norm.weight": np.ones(n_embd),
+         p + "attn_q.weight": _mat(rng, _HEAD_DIM * _N_HEAD, n_embd),
+         p + "attn_output.weight": _mat(rng, n_embd, _HEAD_DIM * _N_HEAD),
+         p + "attn_q_norm.weight": np.full(_HEAD_DIM, _QK_GAIN),
+         p + "post_attention_norm.weight": np.full(n_embd, gain),
+         p + "layer_output_scale.weight": np.ones(1),
+         p + "ffn_norm.weight": np.ones(n_embd),
+         p + "ffn_gate.weight": _mat(rng, 2 * n_embd, n_embd),
+         p + "ffn_up.weight": _mat(rng, 2 * n_embd, n_embd),
+         p + "ffn_down.weight": _mat(rng, n_embd, 2 * n_embd),
+         p + "post_ffw_norm.weight": np.full(n_embd, gain)}
+    if kv:
+        kv_width = _HEAD_DIM * _N_HEAD_KV
+        w.update({p + "attn_k.weight": _mat(rng, kv_width, n_embd),
+                  p + "attn_v.weight": _mat(rng, kv_width, n_embd),
+                  p + "attn_k_norm.weight": np.full(_HEAD_DIM, _QK_GAIN)})
+    return w
+
+
+def write_tiny_gemma4_pair(target: str | Path, assistant: str | Path, *, seed: int = 0,
+                           gain: float = 1.0, sliding_window: int = 8) -> tuple[Path, Path]:
+    """A tiny ``gemma4`` target (4 layers, no per-layer inputs, no experts) and a
+    ``gemma4-assistant`` for it (2 layers of half its width, reading the target's last
+    two layers' cache).
+
+    The assistant reads the target's (scaled) embedding of each token through the half
+    of its input projection that takes it, and its tied output head is the target's
+    through that projection: the target's head is the assistant's times the projection
+    (rank 32). So as `gain` (how much each layer's attention and FFN add) goes to 0,
+    both tend to the same bigram model and the drafts are accepted; at 1 they disagree."""
+    rng = np.random.default_rng(seed)
+    n_vocab, half = len(vocab_pieces("a")), _N_EMBD // 2
+    w = _embedding(rng, scale=1.0 / np.sqrt(_N_EMBD))
+    for i in range(4):
+        w.update(_gemma4_layer(rng, f"blk.{i}.", _N_EMBD, gain, kv=True))
+    w["rope_freqs.weight"] = np.ones(_HEAD_DIM // 2)  # the global layers' rope factors
+    w["output_norm.weight"] = np.ones(_N_EMBD)
+    # the projection: orthonormal rows keep rms(P x) ~ rms(x), so the logits match
+    proj = np.linalg.qr(rng.standard_normal((_N_EMBD, half)))[0].T * np.sqrt(2.0)
+    head = _head(rng)["output.weight"][:, :half] * np.sqrt(2.0)  # (n_vocab, half)
+    w["output.weight"] = head @ proj / np.sqrt(2.0)
+    a = {"token_embd.weight": head, "output_norm.weight": np.ones(half),
+         "nextn.pre_projection.weight": np.hstack([proj, np.zeros((half, _N_EMBD))]),
+         "nextn.post_projection.weight": _mat(rng, _N_EMBD, half),
+         "rope_freqs.weight": np.ones(_HEAD_DIM // 2)}
+    for i in range(2):
+        a.update(_gemma4_layer(rng, f"blk.{i}.", half, gain, kv=False))
+    assert a["token_embd.weight"].shape == (n_vocab, half)
+    t_path = _write(target, "gemma4", f"tiny-gemma4-s{seed}-g{gain:g}",
+                    {**_gemma4_shapes(4, sliding_window), "feed_forward_length": 2 * _N_EMBD,
+                     "embedding_length_per_layer_input": 0}, w, noise=0.0, noise_seed=1)
+    a_path = _write(assistant, "gemma4-assistant", f"tiny-gemma4-assistant-s{seed}-g{gain:g}",
+                    {**_gemma4_shapes(2, sliding_window), "embedding_length": half,
+                     "embedding_length_out": _N_EMBD, "nextn_predict_layers": 2,
+                     "feed_forward_length": 2 * half}, a, noise=0.0, noise_seed=1)
+    return t_path, a_path

@@ -81,8 +81,9 @@ def model_options(f: F) -> F:
         click.option("--target", metavar="GGUF", help="Target model file (instead of --pair)."),
         click.option(
             "--draft", metavar="GGUF|lookup",
-            help="Draft model file, or 'lookup' for none (the default with --target: the "
-                 "target drafts for itself, by lookup and its MTP layers if it has them)."
+            help="Draft model file (a Gemma 4 assistant too), or 'lookup' for none (the "
+                 "default with --target: the target drafts for itself, by lookup and its "
+                 "MTP layers if it has them)."
         ),
         *(setting_option(n) for n, s in SETTINGS.items() if s.at_load),
     ])

@@ -22,6 +22,7 @@ from .drafting.crossvocab import CrossVocabDraft
 from .drafting.draftcache import DraftCache
 from .drafting.vocabmap import VocabMap, check_intersection
 from .llama import DraftModel, Model
+from .llama.assistant import AssistantDraft, is_assistant
 from .llama.compat import check_compatible, compatible
 from .llama.mtp import MtpDraft, has_mtp
 from .loop.events import Event, GenerationResult
@@ -116,7 +117,8 @@ class SpeculativeDecoder:
         draft_model = None
         is_lookup = draft is not None and str(draft) == "lookup"
         if draft is not None and not is_lookup:
-            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads, n_seq=n_seq)
+            draft_model = AssistantDraft(draft, target_model) if is_assistant(draft) else \
+                Model(draft, n_ctx=n_ctx, n_threads=n_threads, n_seq=n_seq)
         return cls(
             target_model,
             draft_model,
@@ -130,6 +132,12 @@ class SpeculativeDecoder:
         if self.draft is not None:  # first: an MTP draft runs on the target's weights
             self.draft.close()
         self.target.close()
+
+    @property
+    def may_draft_ahead(self) -> bool:
+        """Whether the draft model can draft while the target verifies (an assistant,
+        which reads the target's cache, cannot)."""
+        return self.draft is not None and not isinstance(self.draft, AssistantDraft)
 
     @property
     def n_ctx(self) -> int:
@@ -253,9 +261,11 @@ class SpeculativeDecoder:
         no such promise)."""
         history = params.greedy or params.seed is None or not isinstance(draft_max, int)
         archives = self.draft_cache.archives(history) if draft_cache else []
-        # A cross-vocabulary draft's rows are not the target's positions: no shadow.
+        # A cross-vocabulary draft's rows are not the target's positions, nor an
+        # assistant's (it decodes only where the target has not): no shadow.
+        shadow = not self.cross_vocab and not isinstance(self.draft, AssistantDraft)
         return build_chain(names, model=self.draft_model, p_min=self.p_min,
-                           ends=self.target.is_eog, shadow=not self.cross_vocab,
+                           ends=self.target.is_eog, shadow=shadow,
                            archives=archives, constraint=constraint,
                            ahead=AHEAD_MAX if self.draft_threads else 0,
                            ahead_threads=self.draft_threads)
@@ -269,6 +279,10 @@ class SpeculativeDecoder:
             raise InvalidParameterError(
                 f"draft threads must be fewer than the {threads} threads in all, and need "
                 f"a draft model; got {draft_threads}")
+        if draft_threads and isinstance(self.draft, AssistantDraft):
+            raise InvalidParameterError(
+                f"{self.draft.path.name} reads the target's cache as the target writes it: "
+                "it cannot draft ahead (--draft-threads)")
         self.threads, self.draft_threads = threads, draft_threads
         self.target.set_threads(threads - draft_threads)
         if self.draft is not None:

@@ -44,11 +44,14 @@ class Context:
     @classmethod
     def create(cls, model: Any, path: Path, *, n_ctx: int, n_batch: int, n_seq: int,
                n_threads: int, n_vocab: int, spares: bool, snapshots: int,
-               rpc: tuple[str, ...]) -> Context:
+               rpc: tuple[str, ...], reads: Any = None) -> Context:
         """A context of n_seq sequences of n_ctx tokens, batches of n_batch, on the
         loaded weights; spares: a recurrent state's checkpoints (rewind.py) take a spare
-        sequence each, and llama.cpp keeps `snapshots` states per token."""
+        sequence each, and llama.cpp keeps `snapshots` states per token. reads: the
+        context whose KV cache this one attends to (a Gemma 4 assistant's target)."""
         cparams = lc.llama_context_default_params()
+        if reads is not None:
+            cparams.ctx_other = reads
         cparams.n_ctx = n_ctx * n_seq
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq * (2 if spares else 1)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from ...errors import ModelLoadError
 
@@ -41,6 +43,50 @@ def check_gguf_file(path: str | os.PathLike[str], *, what: str = "model", hint: 
             f"llama.cpp needs .gguf models{hint}"
         )
     return path
+
+
+# Bytes of each fixed-size GGUF value type (gguf.GGUFValueType 0-12; 8 string, 9 array)
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def architecture(path: Path) -> str | None:
+    """The file's `general.architecture` (None where the header does not say), read
+    from the header alone: which kind of model to build comes before llama.cpp loads it."""
+    try:
+        with path.open("rb") as fh:
+            if fh.read(4) != GGUF_MAGIC:
+                return None
+            _version, _n_tensors, n_kv = struct.unpack("<IQQ", fh.read(20))
+            for _ in range(min(n_kv, 4096)):
+                key = _string(fh)
+                kind = struct.unpack("<I", fh.read(4))[0]
+                if key == "general.architecture" and kind == 8:
+                    return _string(fh)
+                _skip(fh, kind)
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
+def _string(fh: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", fh.read(8))
+    return fh.read(n).decode("utf-8")
+
+
+def _skip(fh: BinaryIO, kind: int) -> None:
+    if kind == 8:
+        fh.seek(struct.unpack("<Q", fh.read(8))[0], os.SEEK_CUR)
+    elif kind == 9:
+        item, n = struct.unpack("<IQ", fh.read(12))
+        if item in _SIZES:
+            fh.seek(n * _SIZES[item], os.SEEK_CUR)
+        else:
+            for _ in range(n):
+                _skip(fh, item)
+    elif kind in _SIZES:
+        fh.seek(_SIZES[kind], os.SEEK_CUR)
+    else:
+        raise ValueError(f"GGUF value type {kind}")
 
 
 def is_gguf(path: Path) -> bool:

@@ -23,7 +23,7 @@ from . import backend
 from . import rpc as rpc_net
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .context import Context
-from .gguf import check_gguf_file
+from .gguf import architecture, check_gguf_file
 from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
 from .views import KVState, LogitsWanted
 from .vocab import Vocabulary
@@ -59,6 +59,9 @@ class Model(Vocabulary):
         path = Path(path)
         self._model = None  # the weights' handle (Vocabulary's); None once freed
         check_gguf_file(path, what="model")
+        if architecture(path) == "gemma4-assistant":  # (assistant.py)
+            raise ModelLoadError(f"{path.name} is a Gemma 4 assistant: it drafts for a "
+                                 "Gemma 4 target, as the draft model")
         endpoints = tuple(rpc_net.check_endpoint(e) for e in rpc)
         model = self._load_model(path, endpoints)
         try:
