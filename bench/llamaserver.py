@@ -53,6 +53,7 @@ from bench.lib.llamacpp_build import (
     static_cache,
 )
 from bench.lib.processes import ApiServer, body, request
+from specllama.engine.llama.assistant import is_assistant
 
 BASELINE = "llama-server"
 #: specllama's own target alone, when it is among the contenders
@@ -80,15 +81,18 @@ def contenders(args: argparse.Namespace, target: Path,
 def llama_contenders(args: argparse.Namespace, target: Path,
                      draft: Path | None) -> list[Contender]:
     """llama-server alone, with a draft model for each setting of the sweep, with the
-    target's MTP layers (--mtp), and with each --ngram spec type."""
+    target's MTP layers or a Gemma 4 assistant draft (--mtp), and with each --ngram
+    spec type."""
     exe, t = str(args.bins["llama-server"]), str(args.threads)
     common = [exe, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.n_ctx), "-np", "1",
               "--no-webui", "--host", "127.0.0.1"]
     md = [] if draft is None else ["-md", str(draft), "-td", t, "-tbd", t]
     out = [Contender(BASELINE, common, "--port", "llama-server")]
+    # draft-mtp drafts with the target's MTP layers, or with a Gemma 4 assistant (-md)
+    assistant = md if draft is not None and is_assistant(draft) else []
     for n_max in numbers(args.mtp, int) if args.mtp else []:
         out.append(Contender(f"llama-server draft-mtp n-max {n_max}",
-                             [*common, "--spec-type", "draft-mtp",
+                             [*common, *assistant, "--spec-type", "draft-mtp",
                               "--spec-draft-n-max", str(n_max)], "--port", "llama-server"))
     for n_max in numbers(args.n_max, int) if draft is not None else []:
         for n_min in numbers(args.n_min, int):

@@ -13,8 +13,9 @@ from bench.lib.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
 SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
-           "crossvocab", "following", "fuzz", "isolation", "laptop", "llamacpp", "llamaserver",
-           "maskcost", "hybrid", "promptcache", "rpc_latency", "sequence", "soak", "suffixcost"]
+           "crossvocab", "following", "fuzz", "gemma4_assistant", "isolation", "laptop",
+           "llamacpp", "llamaserver", "maskcost", "hybrid", "promptcache", "rpc_latency",
+           "sequence", "soak", "suffixcost"]
 
 
 def test_bench_holds_scripts_at_the_top_and_what_they_share_in_lib():
