@@ -16,7 +16,7 @@ synthetic Qwen3.5's MTP layer does). The files are made once into specllama's ca
 Then side by side with `llama-server --spec-type draft-mtp -md ASSISTANT` on the same files:
 
     python -m bench.llamaserver --target T --draft A --mtp 1,3 \
-        --specllama "--draft-max 0;default;--draft-max 3" --reps 5 --max-tokens 48
+        --specllama "--draft-max 0;--drafters model" --reps 5 --max-tokens 48
 """
 
 from __future__ import annotations
