@@ -53,7 +53,7 @@ from bench.lib.llamacpp_build import (
     static_cache,
 )
 from bench.lib.processes import ApiServer, body, request
-from specllama.engine.llama.assistant import is_assistant
+from specllama.engine.llama.gguf import architecture
 
 BASELINE = "llama-server"
 #: specllama's own target alone, when it is among the contenders
@@ -89,7 +89,7 @@ def llama_contenders(args: argparse.Namespace, target: Path,
     md = [] if draft is None else ["-md", str(draft), "-td", t, "-tbd", t]
     out = [Contender(BASELINE, common, "--port", "llama-server")]
     # draft-mtp drafts with the target's MTP layers, or with a Gemma 4 assistant (-md)
-    assistant = md if draft is not None and is_assistant(draft) else []
+    assistant = md if draft is not None and architecture(draft) == "gemma4-assistant" else []
     for n_max in numbers(args.mtp, int) if args.mtp else []:
         out.append(Contender(f"llama-server draft-mtp n-max {n_max}",
                              [*common, *assistant, "--spec-type", "draft-mtp",

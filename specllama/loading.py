@@ -19,7 +19,7 @@ from rich.console import Console
 
 from .console import spinner, stderr_console
 from .engine.decoder import SpeculativeDecoder
-from .engine.drafting.chain import NEED_MODEL, Drafters, draft_kind
+from .engine.drafting.chain import NEED_MODEL, Drafters, draft_kind, who_drafts
 from .engine.drafting.corpus import read_corpus
 from .engine.drafting.draftcache import tokenizer_fingerprint
 from .engine.settings import SETTINGS, Overrides, Settings, validate_setting
@@ -140,8 +140,7 @@ def open_decoder(run: RunOptions, console: Console, *, calibrate: bool = True,
             choice.target, choice.draft if choice.draft is not None else "lookup",
             n_ctx=merged.n_ctx, n_threads=merged.threads, p_min=merged.p_min,
             target_rpc=rpc, cross_vocab=merged.cross_vocab, n_seq=n_seq)
-        kind = draft_kind(decoder.draft)
-        drafters = (merged.drafters or Drafters.default(kind)).check(kind, choice.target.name)
+        drafters = who_drafts(merged.drafters, decoder.draft_model, choice.target.name)
         if merged.threads is None:
             _choose_threads(decoder, meter, t0, console)
         if calibrate:  # here rather than at the first round: the time shows as loading

@@ -329,3 +329,16 @@ def test_the_round_events_refuse_what_the_apis_refuse(server, keyed):
     events = rounds(keyed, {**body, "model": keyed.model, "max_tokens": 5},
                     headers={"authorization": f"Bearer {KEY}"})
     assert events[-1][1]["final"]
+
+
+def test_a_turn_that_asks_for_no_drafters_gets_the_target_alone(server):
+    """drafters "none" (or []) is nobody, not the server's default (chain.who_drafts)."""
+    for asked in ("none", []):
+        events = rounds(server, {"model": server.model, "max_tokens": 12, "draft_max": 3,
+                                 "drafters": asked,
+                                 "messages": [{"role": "user", "content": "Hello"}]})
+        names = {n for n, _ in events}
+        last = events[-1][1]
+        assert not names & {"proposed", "accepted", "rejected"}, names
+        assert last["trace"]["settings"]["drafters"] == [] and last["drafted"] == 0
+        assert last["tokens"] > 0

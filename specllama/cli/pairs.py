@@ -10,7 +10,6 @@ import click
 from ..console import stderr_console
 from ..engine.checks import batch_invariance, measure
 from ..engine.decoder import SpeculativeDecoder
-from ..engine.drafting.crossvocab import CrossVocabDraft
 from ..engine.sampling import SamplingParams
 from ..errors import SpecLlamaError
 from ..models.config import Pair, find_and_load_config, packaged_config_path
@@ -31,11 +30,7 @@ BATCH_CHECK_TOKENS = 24
 
 def _vocabularies(dec: SpeculativeDecoder) -> str:
     drafter = dec.draft_model
-    if isinstance(drafter, CrossVocabDraft):
-        vmap = drafter.vmap
-        return (f"vocabularies differ, {len(vmap.draft_ids)} of the draft's {vmap.n_draft} "
-                f"tokens ({vmap.share:.0%}) spell a target token")
-    return "vocabularies match" if drafter is not None else "no draft model"
+    return drafter.vocabulary_note() if drafter is not None else "no draft model"
 
 
 @click.group()

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decoder import SpeculativeDecoder
-from .drafting.crossvocab import CrossVocabDraft
 from .sampling import SamplingParams, probabilities
 
 
@@ -57,7 +56,7 @@ def measure(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], n_tok
             p_logits = target.logits_row(-1)
             q_logits = drafter.logits_row(-1)
             best = int(np.argmax(p_logits))
-            inside.append(_mass_inside(drafter, q_logits))
+            inside.append(drafter.own_mass())
             greedy.append(float(int(np.argmax(q_logits)) == best))
             if not params.greedy:
                 p = probabilities(p_logits, params)
@@ -125,12 +124,3 @@ def batch_invariance(decoder: SpeculativeDecoder, prompt: Sequence[int],
     decoder.reset()
     n = len(single)
     return BatchInvariance(n, n - len(parts), parts[0] if parts else None, max_diff)
-
-
-def _mass_inside(drafter: object, restricted: np.ndarray) -> float:
-    """The share of the draft's own softmax on the tokens it may propose."""
-    if not isinstance(drafter, CrossVocabDraft):
-        return 1.0
-    full = drafter.model.logits_row(-1).astype(np.float64)
-    weights = np.exp(full - full.max())
-    return float(weights[drafter.vmap.draft_ids].sum() / weights.sum())

@@ -9,22 +9,11 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from ..errors import ContextOverflowError, InvalidParameterError
-from ..paths import cache_dir
 from .constraint import Constraint, ConstraintSpec
-from .drafting.chain import (
-    NOBODY,
-    DraftChain,
-    Drafters,
-    build_chain,
-    draft_kind,
-)
-from .drafting.crossvocab import CrossVocabDraft
+from .drafting import kinds
+from .drafting.chain import DraftChain, Drafters, build_chain, who_drafts
 from .drafting.draftcache import DraftCache
-from .drafting.vocabmap import VocabMap, check_intersection
 from .llama import DraftModel, Model
-from .llama.assistant import AssistantDraft, is_assistant
-from .llama.compat import check_compatible, compatible
-from .llama.mtp import MtpDraft, has_mtp
 from .loop.events import Event, GenerationResult
 from .loop.lengths import DraftMax, make_policy
 from .loop.rounds import Generation, GenerationStream
@@ -57,27 +46,19 @@ class SpeculativeDecoder:
         drafters: DraftersArg | None = None,
         cross_vocab: bool = False,
     ) -> None:
-        """drafters: who drafts when stream()/generate() are not told; None:
-        Drafters.default (lookup, then the draft model or the target's MTP layers); ()
-        for nobody (the target alone). cross_vocab: a
+        """drafters: who drafts when stream()/generate() are not told (chain.who_drafts:
+        None for the default, lookup then the draft model or the target's MTP layers; ()
+        or "none" for nobody, the target alone). cross_vocab: a
         draft whose tokenizer differs drafts through the tokens both vocabularies spell
         alike (engine/drafting/crossvocab.py); without it such a pair is refused."""
-        if draft is None and has_mtp(target):
-            draft = MtpDraft(target)  # the target drafts for itself (engine/llama/mtp.py)
-        kind = draft_kind(draft)
-        chosen = (Drafters.default(kind) if drafters is None else
-                  Drafters.parse(drafters) if drafters else NOBODY).check(kind, target.path.name)
+        if draft is None:
+            draft = kinds.self_draft(target)  # the target drafts for itself (its MTP layers)
+        chosen = who_drafts(drafters, draft, target.path.name)
         #: The draft model as the round loop drives it (in target ids; `draft` is the file loaded).
-        self.draft_model: DraftModel | None = draft
-        self.cross_vocab = False
-        if draft is not None:
-            if cross_vocab and not compatible(target, draft):
-                vmap = VocabMap.cached(target, draft, cache_dir())
-                check_intersection(vmap, target, draft)
-                self.draft_model = CrossVocabDraft(draft, target, vmap)
-                self.cross_vocab = True
-            else:
-                check_compatible(target, draft)
+        self.draft_model: DraftModel | None = \
+            None if draft is None else kinds.in_target_ids(draft, target, cross_vocab)
+        self.cross_vocab = self.draft_model is not None and \
+            self.draft_model.traits.vocabulary == "mapped"
         self.target = target
         self.draft = draft
         self.p_min: float = validate_setting("p_min", p_min)
@@ -110,15 +91,20 @@ class SpeculativeDecoder:
         then the draft model or the target's MTP layers); () for nobody. target_rpc:
         HOST:PORT of llama.cpp RPC servers that hold the target (the draft stays local).
         n_seq: sequences each model's context holds (server/slots.py)."""
-        if drafters:  # refused before a minute of loading
+        if drafters is not None:  # refused before a minute of loading
             drafters = Drafters.parse(drafters)
+        kinds.check_target_file(Path(target))
         target_model = Model(target, n_ctx=n_ctx, n_threads=n_threads, rpc=target_rpc,
                              n_seq=n_seq)
         draft_model = None
         is_lookup = draft is not None and str(draft) == "lookup"
-        if draft is not None and not is_lookup:
-            draft_model = AssistantDraft(draft, target_model) if is_assistant(draft) else \
-                Model(draft, n_ctx=n_ctx, n_threads=n_threads, n_seq=n_seq)
+        try:
+            if draft is not None and not is_lookup:
+                draft_model = kinds.load_draft(Path(draft), kinds.Beside(
+                    target_model, n_ctx, n_threads, n_seq))
+        except BaseException:
+            target_model.close()
+            raise
         return cls(
             target_model,
             draft_model,
@@ -135,9 +121,9 @@ class SpeculativeDecoder:
 
     @property
     def may_draft_ahead(self) -> bool:
-        """Whether the draft model can draft while the target verifies (an assistant,
-        which reads the target's cache, cannot)."""
-        return self.draft is not None and not isinstance(self.draft, AssistantDraft)
+        """Whether the draft model can draft while the target verifies (its kind says:
+        an assistant, which reads the target's cache, cannot)."""
+        return self.draft_model is not None and self.draft_model.traits.ahead
 
     @property
     def n_ctx(self) -> int:
@@ -224,8 +210,7 @@ class SpeculativeDecoder:
             raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
                                         f"not {logprobs!r}")
         names = self.default_drafters if drafters is None else \
-            Drafters.parse(drafters).check(draft_kind(self.draft), self.target.path.name) \
-            if drafters else NOBODY
+            who_drafts(drafters, self.draft_model, self.target.path.name)
         committed = self._prompt(prompt)
         matcher = None if constraint is None else \
             Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
@@ -261,9 +246,9 @@ class SpeculativeDecoder:
         no such promise)."""
         history = params.greedy or params.seed is None or not isinstance(draft_max, int)
         archives = self.draft_cache.archives(history) if draft_cache else []
-        # A cross-vocabulary draft's rows are not the target's positions, nor an
-        # assistant's (it decodes only where the target has not): no shadow.
-        shadow = not self.cross_vocab and not isinstance(self.draft, AssistantDraft)
+        # Shadow acceptance reads its rows at earlier positions as predictions there:
+        # not for a kind whose rows are not (another tokenizer's, an assistant's).
+        shadow = self.draft_model is not None and self.draft_model.traits.shadow
         return build_chain(names, model=self.draft_model, p_min=self.p_min,
                            ends=self.target.is_eog, shadow=shadow,
                            archives=archives, constraint=constraint,
@@ -279,10 +264,9 @@ class SpeculativeDecoder:
             raise InvalidParameterError(
                 f"draft threads must be fewer than the {threads} threads in all, and need "
                 f"a draft model; got {draft_threads}")
-        if draft_threads and isinstance(self.draft, AssistantDraft):
-            raise InvalidParameterError(
-                f"{self.draft.path.name} reads the target's cache as the target writes it: "
-                "it cannot draft ahead (--draft-threads)")
+        if draft_threads and not self.may_draft_ahead:
+            assert self.draft is not None and self.draft_model is not None
+            raise kinds.refusal(self.draft.path, self.draft_model.traits, kinds.NOT_AHEAD)
         self.threads, self.draft_threads = threads, draft_threads
         self.target.set_threads(threads - draft_threads)
         if self.draft is not None:
@@ -305,7 +289,7 @@ class SpeculativeDecoder:
     def _remembered(self, generation: Generation, stream: GenerationStream,
                     draft_prompt: list[int] | None) -> Generator[Event, None, None]:
         """The generation's events; however it ends, its output joins the suffix cache."""
-        if isinstance(self.draft_model, CrossVocabDraft):
+        if self.draft_model is not None:
             self.draft_model.set_prompt(generation.committed, draft_prompt)
         try:
             yield from generation.run(stream)

@@ -237,14 +237,14 @@ class Settings:
     draft_max: int | str = _row("auto", int, "Draft length: N (0 = target alone), 'auto' "
                                 "(cost-aware) or 'heuristic'.", _check_draft_max,
                                 words=DRAFT_MAX_WORDS)
-    # None: chosen by the pair once it is loaded (Drafters.default).
+    # None: chosen by the pair once it is loaded (chain.who_drafts); "none": nobody.
     drafters: Drafters | None = _row(
         None, str, "Who drafts, in order: lookup, model, lookup>model (the draft model "
         "checking lookups' guesses), mtp (the target's own MTP layers), comma-separated "
         "(default: lookup,model, lookup where the text repeats itself and the draft model "
         "elsewhere; lookup,mtp for a target with MTP layers and no draft model; lookup "
-        "otherwise; 'hybrid' is lookup,model).", _check_drafters, aliases=("--draft-mode",),
-        metavar="NAMES")
+        "otherwise; 'hybrid' is lookup,model; 'none': nobody, the target alone).",
+        _check_drafters, aliases=("--draft-mode",), metavar="NAMES", words=("none",))
     temperature: float = _row(0.8, float, "0 = greedy.", _float_in(0.0, None),
                               aliases=("--temp",))
     top_k: int = _row(0, int, "Keep the k most likely tokens (0 = off).", _int_at_least(0))

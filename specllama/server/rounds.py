@@ -111,7 +111,8 @@ class Tap:
         turn = self.turn(order.work)
         if turn is None:
             return self.engine.run(order, put, cancelled)
-        order = replace(order, events="all", drafters=turn.drafters or order.drafters,
+        order = replace(order, events="all", drafters=order.drafters if turn.drafters is None
+                        else turn.drafters,
                         draft_max=order.draft_max if turn.draft_max is None else turn.draft_max)
         ends: list[Finished] = []
 
@@ -211,9 +212,10 @@ class RoundsDialect:
     def writer(self, request: RoundsRequest, reply: Reply) -> RoundsWriter:
         turn = self.tap.turn(reply.work) or Turn(None, None)
         label = request.messages[-1].text() if request.messages else None
+        drafters = self.drafters if turn.drafters is None else turn.drafters
         settings = {"model": reply.model, "temperature": reply.work.sampling.temperature,
                     "seed": request.seed, "draft_max": self.draft_max if turn.draft_max is
-                    None else turn.draft_max, "drafters": list(turn.drafters or self.drafters)}
+                    None else turn.draft_max, "drafters": list(drafters)}
         return RoundsWriter(turn, TurnEvents(reply.piece), settings, label)
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import Event, SpeculativeDecoder
+from ..engine.drafting.kinds import slot_draft
 from ..engine.llama.batched import Batcher, SeqView
-from ..engine.llama.mtp import MtpDraft
 from .calls import ChatCalls
 from .jobs import Evaluated, InProcess, Order, Outcome, Slot
 from .promptcache import CacheFigures, PromptCache, shared
@@ -39,8 +39,7 @@ class Slots(InProcess):
         self.batcher: Batcher | None = None
         self.slots = [self._first]
         if n > 1:
-            assert decoder.draft is None or decoder.draft.n_seq >= n \
-                or isinstance(decoder.draft, MtpDraft), "the draft too"
+            assert decoder.draft is None or decoder.draft.traits.parallel, "the draft too"
             self.batcher = Batcher(decoder.target, on_lost)
         self._free = list(range(n))
         self._cond = threading.Condition()
@@ -63,11 +62,9 @@ class Slots(InProcess):
         first = self._first.decoder
         assert self.batcher is not None
         target = SeqView(self.batcher, seq)
-        # an MTP draft: a context of its own over the target's view (its decodes take
-        # turns with the batches); a draft model: its sequence of the shared draft context
-        draft = None if first.draft is None else \
-            MtpDraft(target, self.batcher.call) if isinstance(first.draft, MtpDraft) else \
-            SeqView(self.batcher, seq, first.draft)
+        # as its kind makes it: a draft model's sequence of the shared draft context, an
+        # MTP context of its own over the target's view (decodes taking turns with batches)
+        draft = slot_draft(first.draft, target, self.batcher, seq)
         decoder = SpeculativeDecoder(target, draft, p_min=first.p_min,
                                      drafters=first.default_drafters,
                                      cross_vocab=first.cross_vocab)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ... import Event, GenerationResult, SpecLlamaError, Stats
 from ...engine.drafting.chain import Drafters
-from ...engine.llama import Vocabulary
+from ...engine.llama import DraftTraits, Vocabulary
 from ...engine.llama.kvreport import CacheReport
 from ...loading import RunOptions, RunSettings, chat_engine
 from ...policy.compare import Comparison
@@ -31,10 +31,11 @@ class RemoteModel(Vocabulary):
     """One model of the pair as chat sees it: its vocabulary here, its cache there."""
 
     def __init__(self, path: str, name: str, owner: RemoteDecoder,
-                 drafts_as: str = "model") -> None:
+                 drafts_as: Literal["model", "mtp"] = "model") -> None:
         super().__init__(path)
         self._name, self._owner = name, owner
-        self.drafts_as = drafts_as  # as the engine's draft: "mtp" for the target's layers
+        # as the engine's draft: "mtp" for the target's layers (who_drafts reads it)
+        self.traits = DraftTraits("remote", "the engine process's draft", drafts_as=drafts_as)
 
     @property
     def tokens_evaluated(self) -> int:
@@ -60,7 +61,8 @@ class RemoteDecoder:
         self.lost: EngineLost | None = None
         self._orders = 0
         self.target = RemoteModel(settings.target, "target", self)
-        self.draft = RemoteModel(draft, "draft", self, slot) if draft else None
+        self.draft = RemoteModel(draft, "draft", self, "mtp" if slot == "mtp" else "model") \
+            if draft else None
         self.draft_model = self.draft  # in the engine process the draft is synced in target ids
 
     @property

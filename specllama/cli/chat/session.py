@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
-from ...engine.drafting.chain import Drafters, draft_kind
+from ...engine.drafting.chain import who_drafts
 from ...engine.llama.kvreport import CacheReport, cache_report
 from ...engine.loop.events import Event, PromptEvaluated
 from ...engine.loop.stats import Stats
@@ -283,8 +283,7 @@ class ChatSession:
         """Change a setting; `value` may be a string as typed after /set."""
         key, value = parse_setting(name, value if isinstance(value, str) else str(value))
         if key == "drafters":
-            kind = draft_kind(self.decoder.draft)
-            value = (value or Drafters.default(kind)).check(kind, self.decoder.target.path.name)
+            value = who_drafts(value, self.decoder.draft, self.decoder.target.path.name)
         elif key == "p_min":
             self.decoder.p_min = value
         self.settings = dataclasses.replace(self.settings, **{key: value})

@@ -14,19 +14,20 @@ Names:
 - `mtp`: the target's own MTP layers in the draft model's place (engine/llama/mtp.py),
   for a target that has them and no draft model.
 
-`hybrid` is `lookup,model`: the default with a draft model; `lookup` without one.
+`hybrid` is `lookup,model`: the default with a draft model; `lookup` without one;
+`none` is nobody (the target alone). `who_drafts` is the one rule from what was asked to
+the drafters of a pair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 from ...errors import InvalidParameterError
 from ..constraint import Constraint
-from ..llama import DraftModel
+from ..llama import DraftModel, DraftTraits
 from .base import Ask, Draft, Drafter, Start
-from .crossvocab import CrossVocabDraft
 from .following import Archives
 from .forced import ForcedDrafter
 from .lookup import LookupDrafter
@@ -40,11 +41,26 @@ NEED_MODEL = frozenset({"model", "lookup>model", "mtp"})  # one of them at most
 DraftKind = Literal["model", "mtp", "none"]
 
 
-def draft_kind(model: object | None) -> DraftKind:
-    """What a pair's draft (a DraftModel, or chat's view of one in another process) is."""
-    if model is None:
-        return "none"
-    return "mtp" if getattr(model, "drafts_as", "model") == "mtp" else "model"
+class Drafting(Protocol):
+    """What holds the draft model's place, as far as who drafts goes: a DraftModel, or
+    chat's view of one in another process."""
+
+    traits: DraftTraits
+
+
+def draft_kind(model: Drafting | None) -> DraftKind:
+    """What drafts as the draft model of a pair: its kind's `--drafters` name, or none."""
+    return "none" if model is None else model.traits.drafts_as
+
+
+def who_drafts(asked: object, model: Drafting | None, target: str = "the target") -> Drafters:
+    """The one rule, for every entry point (a flag, models.toml, /set, an API field, the
+    Python API): None (nothing asked) is the default for this pair; an empty value or
+    "none" is nobody, the target alone; names are checked against what the pair has."""
+    kind = draft_kind(model)
+    if asked is None:
+        return Drafters.default(kind)
+    return Drafters.parse(asked).check(kind, target)
 
 
 class Drafters(tuple[str, ...]):
@@ -60,6 +76,8 @@ class Drafters(tuple[str, ...]):
         InvalidParameterError for anything else."""
         if isinstance(value, Drafters):
             return value
+        if value == "none" or (isinstance(value, (list, tuple)) and not value):
+            return NOBODY
         if isinstance(value, str):
             items = SHORTHANDS.get(value.strip()) or tuple(
                 v.strip() for v in value.split(",") if v.strip())
@@ -72,7 +90,7 @@ class Drafters(tuple[str, ...]):
         if unknown or not items:
             raise InvalidParameterError(
                 f"drafters must be some of {', '.join(DRAFTER_NAMES)} in order (or "
-                f"{', '.join(SHORTHANDS)}), got {', '.join(unknown) or 'none'}")
+                f"{', '.join(SHORTHANDS)}, or none), got {', '.join(unknown) or 'nothing'}")
         if len(set(items)) < len(items) or len(NEED_MODEL & set(items)) > 1:
             raise InvalidParameterError(f"drafters name each drafter once and one draft "
                                         f"model at most, got {','.join(items)}")
@@ -175,7 +193,7 @@ def build_chain(names: Drafters, *, model: DraftModel | None, p_min: float,
             continue
         assert model is not None
         verify = name == "lookup>model"
-        if verify and isinstance(model, CrossVocabDraft):
+        if verify and model.traits.vocabulary == "mapped":
             raise InvalidParameterError("drafters lookup>model need a draft model that "
                                         "shares the target's tokenizer")
         drafter = ModelDrafter(model, p_min, ends=ends, shadow=shadow, feeder=lookup,

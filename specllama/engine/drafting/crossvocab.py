@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from ..llama import LogitsWanted, Model, Vocabulary
+from ..llama import DraftTraits, LogitsWanted, Model, Vocabulary
 from .vocabmap import VocabMap
 
 #: Re-tokenizing starts at most this many draft tokens before the point where the text
@@ -47,7 +47,9 @@ class CrossVocabDraft:
     from a word start before it, so between rounds the cache is the tokenizer's own.
     """
 
-    drafts_as = "model"
+    traits = DraftTraits("cross-vocab", "a draft model of another tokenizer", shadow=False,
+                         vocabulary="mapped",
+                         because="its rows are its own tokenization's, not the target's")
 
     def __init__(self, model: Model, target: Vocabulary, vmap: VocabMap) -> None:
         self.model, self.target, self.vmap = model, target, vmap
@@ -156,6 +158,21 @@ class CrossVocabDraft:
         ok = (m.pos_max() + 1 == len(m.cached) == len(self._draft_ends)
               and self._text.startswith(spelt))
         return len(self.cached) - 1 if ok else -2
+
+    def own_mass(self) -> float:
+        """The share of the draft's own softmax (its last row) on the tokens it may
+        propose: what the restriction to the intersection costs it."""
+        full = self.model.logits_row(-1).astype(np.float64)
+        weights = np.exp(full - full.max())
+        return float(weights[self.vmap.draft_ids].sum() / weights.sum())
+
+    def vocabulary_note(self) -> str:
+        vmap = self.vmap
+        return (f"vocabularies differ, {len(vmap.draft_ids)} of the draft's {vmap.n_draft} "
+                f"tokens ({vmap.share:.0%}) spell a target token")
+
+    def close(self) -> None:
+        self.model.close()
 
     def canonical(self) -> list[int]:
         """The draft's own tokenization of the whole text (what its cache should hold

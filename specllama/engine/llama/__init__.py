@@ -8,8 +8,8 @@ checks a pair as llama.cpp would (`compat`) and what reports the caches (`kvrepo
 
 from .model import Model
 from .quantize import LLAMA_CPP_VERSION, QUANT_TYPES, quantize
-from .views import DraftModel, KVState, LogitsWanted, ModelView
+from .views import DraftModel, DraftTraits, KVState, LogitsWanted, ModelView
 from .vocab import Vocabulary
 
-__all__ = ["LLAMA_CPP_VERSION", "QUANT_TYPES", "DraftModel", "KVState", "LogitsWanted", "Model",
-           "ModelView", "Vocabulary", "quantize"]
+__all__ = ["LLAMA_CPP_VERSION", "QUANT_TYPES", "DraftModel", "DraftTraits", "KVState",
+           "LogitsWanted", "Model", "ModelView", "Vocabulary", "quantize"]

@@ -29,35 +29,31 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ContextOverflowError, DecodeError, InvalidParameterError, ModelLoadError
+from ...errors import ContextOverflowError, DecodeError, ModelLoadError
 from . import backend
 from .context import Context
-from .gguf import architecture, check_gguf_file
+from .gguf import check_gguf_file
 from .model import Model
 from .mtp import HiddenStates, lcx
 from .rewind import Rewinder
-from .views import KVState, LogitsWanted
+from .views import DraftTraits, KVState, LogitsWanted
 
 ARCH = "gemma4-assistant"
 #: What the assistant's layers must share with the target's to read its cache.
 _SHAPE_KEYS = ("attention.head_count_kv", "attention.key_length", "attention.key_length_swa")
 
 
-def is_assistant(path: str | Path) -> bool:
-    return architecture(Path(path)) == ARCH
-
-
 class AssistantDraft(Model):
     """A Gemma 4 assistant drafting for `target` from the target's own KV cache."""
+
+    traits = DraftTraits(
+        ARCH, "a Gemma 4 assistant", ahead=False, shadow=False, own_cache=False,
+        parallel=False, because="it reads the target's cache as the target writes it")
 
     def __init__(self, path: str | Path, target: Model) -> None:
         backend.init()
         path = self.path = check_gguf_file(Path(path), what="draft")
         self._model = None
-        if target.n_seq > 1:
-            raise InvalidParameterError(
-                f"{path.name} is a Gemma 4 assistant: it drafts for one sequence of the "
-                "target's cache, not for --parallel slots")
         if lcx is None:  # pragma: no cover - an older llama-cpp-python
             raise ModelLoadError(f"{path.name}: this llama-cpp-python cannot run Gemma 4 "
                                  "assistants (0.3.36 or later can)")

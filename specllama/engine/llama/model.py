@@ -23,9 +23,9 @@ from . import backend
 from . import rpc as rpc_net
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .context import Context
-from .gguf import architecture, check_gguf_file
+from .gguf import check_gguf_file
 from .rewind import SNAPSHOTS, Rewind, Rewinder, memory_kind
-from .views import KVState, LogitsWanted
+from .views import DraftTraits, KVState, LogitsWanted
 from .vocab import Vocabulary
 
 # llama.cpp's CPU threads spin while they wait for each other: faster on an idle machine, ruinous
@@ -36,7 +36,8 @@ class Model(Vocabulary):
     """One GGUF model with its own KV cache, driven token by token: sequence 0 of the
     context it loads, which its views (a SeqView, an MtpDraft) share by reference."""
 
-    drafts_as = "model"
+    #: As a draft: a second GGUF of the target's family (drafting/kinds.py).
+    traits = DraftTraits("model", "a draft model")
     companions = 0  # other requests in progress (a SeqView's: batched.py)
 
     def __init__(
@@ -59,9 +60,6 @@ class Model(Vocabulary):
         path = Path(path)
         self._model = None  # the weights' handle (Vocabulary's); None once freed
         check_gguf_file(path, what="model")
-        if architecture(path) == "gemma4-assistant":  # (assistant.py)
-            raise ModelLoadError(f"{path.name} is a Gemma 4 assistant: it drafts for a "
-                                 "Gemma 4 target, as the draft model")
         endpoints = tuple(rpc_net.check_endpoint(e) for e in rpc)
         model = self._load_model(path, endpoints)
         try:
@@ -277,6 +275,16 @@ class Model(Vocabulary):
     def can_draft(self) -> bool:
         """A model can always draft from its cache (a cross-vocabulary view may not)."""
         return True
+
+    # What a draft in the target's own vocabulary says of it (views.DraftModel)
+    def set_prompt(self, prompt: list[int], own: list[int] | None) -> None:
+        """It reads the target's tokens as they are: nothing to do."""
+
+    def own_mass(self) -> float:
+        return 1.0
+
+    def vocabulary_note(self) -> str:
+        return "vocabularies match"
 
     def pos_max(self) -> int:
         """Highest position the KV cache holds (-1 when empty), owed tokens counted."""

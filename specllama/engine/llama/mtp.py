@@ -33,7 +33,7 @@ from .backend import lc
 from .context import Context
 from .model import Model
 from .rewind import Rewinder
-from .views import LogitsWanted
+from .views import DraftTraits, LogitsWanted
 
 lcx: Any
 try:  # the nextn calls live in llama-cpp-python's C++ extension bindings (0.3.36 on)
@@ -74,7 +74,7 @@ class HiddenStates:
 class MtpDraft(Model):
     """The MTP context over a target's weights, drafting in the target's ids."""
 
-    drafts_as = "mtp"
+    traits = DraftTraits("mtp", "the target's MTP layers", drafts_as="mtp")
 
     def __init__(self, target: Model,
                  runner: Callable[[Callable[[], int]], int] | None = None) -> None:

@@ -1,6 +1,7 @@
 """What the round loop and the drafters see of a model: the rows a decode reads
-(`LogitsWanted`), a draft model and one sequence of a loaded model as protocols
-(`DraftModel`, `ModelView`), and a KV cache copied out (`KVState`)."""
+(`LogitsWanted`), what a draft model declares of itself (`DraftTraits`), a draft model and
+one sequence of a loaded model as protocols (`DraftModel`, `ModelView`), and a KV cache
+copied out (`KVState`)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,37 @@ from .context import Context
 from .rewind import Rewinder
 
 LogitsWanted = Literal["none", "last", "all"]
+#: Which vocabulary a draft model drafts in: the target's; a subset of the target's ids
+#: (its q is zero outside it: EAGLE3's `d2t`); or its own tokenizer's, mapped to target ids
+#: through the tokens both spell alike (drafting/crossvocab.py).
+Vocab = Literal["target", "subset", "mapped"]
+
+
+@dataclass(frozen=True)
+class DraftTraits:
+    """What the rest of the code needs to know about a kind of draft model, declared by
+    the kind itself (drafting/kinds.py lists the kinds), so nothing asks for its class."""
+
+    kind: str  # the registry's name for it: "model", "mtp", "gemma4-assistant", ...
+    title: str  # what it is, in words, for errors: "a Gemma 4 assistant"
+    drafts_as: Literal["model", "mtp"] = "model"  # the `--drafters` name that drives it
+    ahead: bool = True  # it can draft on idle cores while the target verifies
+    shadow: bool = True  # its row at an earlier position predicts that position
+    own_cache: bool = True  # it keeps a cache of its own, cut back with the target's
+    parallel: bool = True  # it can serve `serve --parallel` slots
+    vocabulary: Vocab = "target"
+    #: Why it cannot do what it cannot (one clause, for the one-line refusals).
+    because: str = ""
 
 
 class DraftModel(Protocol):
     """A draft model as the round loop drives it, in target ids: a `Model` of the
-    target's family, or a cross-vocabulary view (engine/crossvocab.py)."""
+    target's family, the target's MTP layers, a head over the target's states, or a
+    cross-vocabulary view (drafting/kinds.py lists them)."""
 
     path: Path
     cached: list[int]
-    #: "mtp" where the draft is the target's own MTP layers (mtp.py)
-    drafts_as: str
+    traits: DraftTraits
 
     @property
     def decode_s(self) -> float: ...
@@ -40,6 +62,10 @@ class DraftModel(Protocol):
     def set_threads(self, n_threads: int) -> None: ...
     @property
     def n_threads(self) -> int: ...
+    def close(self) -> None: ...
+    def set_prompt(self, prompt: list[int], own: list[int] | None) -> None: ...
+    def own_mass(self) -> float: ...
+    def vocabulary_note(self) -> str: ...
 
 
 class ModelView(DraftModel, Protocol):
