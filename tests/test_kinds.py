@@ -21,6 +21,7 @@ from specllama.engine.llama import DraftTraits
 PACKAGE = Path(specllama.__file__).parent
 #: Each concrete kind of draft model, and the module that defines it.
 CLASSES = {"MtpDraft": "engine/llama/mtp.py", "AssistantDraft": "engine/llama/assistant.py",
+           "Eagle3Draft": "engine/llama/eagle3.py",
            "CrossVocabDraft": "engine/drafting/crossvocab.py"}
 REGISTRY = "engine/drafting/kinds.py"
 
@@ -52,7 +53,7 @@ def test_no_concrete_draft_class_is_used_outside_its_module_and_the_registry():
 def test_every_kind_declares_its_traits_once_and_is_named_once():
     names = [kind.name for kind in KINDS]
     assert len(set(names)) == len(names)
-    assert {"model", "mtp", "gemma4-assistant"} <= set(names)
+    assert {"model", "mtp", "gemma4-assistant", "eagle3"} <= set(names)
     for kind in KINDS:
         assert isinstance(kind.traits, DraftTraits)
         assert (kind.slot is not None) == kind.traits.parallel, kind.name

@@ -13,6 +13,7 @@ line each, from the declarations. A new kind is its own module, its tests and a 
 | `model` | any other GGUF given as the draft | `model` |
 | `mtp` | the target's own MTP (nextn) layers, with no draft file | `mtp` |
 | `gemma4-assistant` | a `gemma4-assistant` GGUF beside a Gemma 4 target | `model` |
+| `eagle3` | an `eagle3` GGUF beside the target it was trained on | `model` |
 
 A draft of another tokenizer (`--cross-vocab`) is a view over a `model` kind's file
 (crossvocab.py), made where the decoder sees the two vocabularies differ.
@@ -30,6 +31,7 @@ from ..llama import DraftModel, DraftTraits, Model
 from ..llama.assistant import AssistantDraft
 from ..llama.batched import Batcher, SeqView
 from ..llama.compat import check_compatible, compatible
+from ..llama.eagle3 import Eagle3Draft
 from ..llama.gguf import architecture
 from ..llama.mtp import MtpDraft, has_mtp
 from .crossvocab import CrossVocabDraft
@@ -79,6 +81,7 @@ KINDS: tuple[DraftKind, ...] = (
               lambda first, target, batcher, seq: MtpDraft(target, batcher.call)),
     DraftKind(AssistantDraft.traits, "gemma4-assistant",
               lambda path, at: AssistantDraft(path, at.target)),
+    DraftKind(Eagle3Draft.traits, "eagle3", lambda path, at: Eagle3Draft(path, at.target)),
 )
 _BY_NAME = {k.name: k for k in KINDS}
 _BY_ARCH = {k.architecture: k for k in KINDS if k.architecture}
