@@ -19,6 +19,8 @@ counts come from its response (`timings` for llama-server, `speculative` for our
     python -m bench.llamaserver --pair smollm2-f32 --stream --specllama "default;--draft-max 0"
     python -m bench.llamaserver --pair synth-qwen3.5-2b --mtp 1,2,3 \
         --specllama "--draft-max 0;--drafters mtp"
+    python -m bench.llamaserver --pair synth-llama3.1-8b-eagle3 --eagle3 2,3,4 \
+        --specllama "--draft-max 0;default;--drafters model"
 
 Run it on an otherwise idle machine.
 """
@@ -94,7 +96,15 @@ def llama_contenders(args: argparse.Namespace, target: Path,
         out.append(Contender(f"llama-server draft-mtp n-max {n_max}",
                              [*common, *assistant, "--spec-type", "draft-mtp",
                               "--spec-draft-n-max", str(n_max)], "--port", "llama-server"))
-    for n_max in numbers(args.n_max, int) if draft is not None else []:
+    # draft-eagle3: an EAGLE3 head (-md) fusing three of the target's layers
+    for n_max in numbers(args.eagle3, int) if args.eagle3 else []:
+        for p_min in numbers(args.p_min):
+            out.append(Contender(f"llama-server draft-eagle3 n-max {n_max} p-min {p_min:g}",
+                                 [*common, *md, "--spec-type", "draft-eagle3",
+                                  "--spec-draft-n-max", str(n_max),
+                                  "--spec-draft-p-min", str(p_min)], "--port", "llama-server"))
+    plain = draft is not None and not args.eagle3  # (an EAGLE3 head is no draft-simple)
+    for n_max in numbers(args.n_max, int) if plain else []:
         for n_min in numbers(args.n_min, int):
             for p_min in numbers(args.p_min):
                 out.append(Contender(
@@ -304,6 +314,9 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--mtp", default="",
                    help="llama-server --spec-type draft-mtp with each --spec-draft-n-max "
                         "of this list (a target with MTP layers; no draft file needed)")
+    p.add_argument("--eagle3", default="",
+                   help="llama-server --spec-type draft-eagle3 (the --draft file is an EAGLE3 "
+                        "head) with each --spec-draft-n-max of this list, and each --p-min")
     p.add_argument("--ngram", default="",
                    help="llama-server --spec-type values to add, comma-separated "
                         "(prefix 'draft+' to keep -md too), e.g. ngram-mod,draft+ngram-mod")

@@ -13,7 +13,7 @@ from bench.lib.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
 SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
-           "crossvocab", "following", "fuzz", "gemma4_assistant", "isolation", "laptop",
+           "crossvocab", "eagle3", "following", "fuzz", "gemma4_assistant", "isolation", "laptop",
            "llamacpp", "llamaserver", "maskcost", "hybrid", "promptcache", "rpc_latency",
            "sequence", "soak", "suffixcost"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from eagle3models import greedy_agreement
 
 from specllama.engine.decoder import SpeculativeDecoder
 from specllama.engine.llama import Model
@@ -21,6 +22,7 @@ from specllama.models.schema import SyntheticSpec
 from specllama.models.sources import resolve_pair
 from specllama.models.status import locations, source_status
 from specllama.models.synthetic import SHAPES, SYNTHETIC_KEY
+from specllama.models.synthetic_eagle3 import draft_ids, kept_dims
 
 TINY_SENTENCE = ("random weights in the shape of Tiny (test): costs are real, the text is "
                  "meaningless")
@@ -172,6 +174,63 @@ def test_a_draft_of_a_real_targets_first_layers(tmp_path, tiny_model_factory):
         resolve_pair(too_many)
 
 
+def eagle3_pair(tmp_path: Path, **spec: object) -> Pair:
+    """A tiny synthetic target made for an EAGLE3 head (F32, every layer at ``late``)
+    and that head."""
+    fields = {"quant": "F32", "early": 0, "late": 0.05, "eagle3": True, **spec}
+    table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in fields.items())
+    path = config(tmp_path, f'{{ synthetic = "tiny", {table} }}', '{ eagle3 = "target" }')
+    return load_config(path).pair("synth")
+
+
+def test_an_eagle3_head_is_made_once_for_its_target(tmp_path, cache):
+    pair = eagle3_pair(tmp_path)
+    assert source_status(pair) == (
+        "ready (the target is written with random weights on first use; "
+        "the draft is derived on first use)")
+    heard: list[str] = []
+    target, draft = resolve_pair(pair, progress=heard.append)
+    assert draft is not None
+    assert target.name == "tiny.F32.early0.late0.05.seed0.v1.eagle3-v1.gguf"
+    assert heard == [
+        "making a synthetic Tiny (test) model for an EAGLE3 head (random weights, F32, ~7 MB; "
+        f"once, cached in {cache / 'synthetic'})",
+        f"making the EAGLE3 head for {target.name} (F16; once; cached in {cache / 'derived'})"]
+    heard.clear()
+    assert resolve_pair(pair, progress=heard.append) == (target, draft) and heard == []
+    assert source_status(pair) == "ready"
+    assert locations(pair) == (str(target), str(draft))
+    reader = gguf.GGUFReader(draft)
+    field = reader.fields["eagle3.target_layers"]
+    assert [int(field.parts[i][0]) for i in field.data] == [2, 4, 5]
+    assert bool(reader.fields["eagle3.norm_before_residual"].parts[-1][0])
+    mine, theirs = tensors(draft), tensors(target)
+    assert "token_embd.weight" not in mine  # llama.cpp takes the target's
+    s = SHAPES["tiny"]
+    d2t = mine["d2t"][1]
+    assert mine["d2t"][0] == int(gguf.GGMLQuantizationType.I64)
+    assert d2t.tolist() == draft_ids(s, 0).tolist() and len(d2t) == 256
+    assert d2t[:2].tolist() == [1, 2] and d2t[2] >= 259 and np.all(np.diff(d2t) > 0)
+    # the head's rows are the target's at d2t (absolute ids); the target's others halved
+    head = theirs["output.weight"][1]
+    np.testing.assert_array_equal(mine["output.weight"][1], head[d2t].astype(np.float16))
+    outside = np.setdiff1d(np.arange(s.vocab), d2t)
+    assert np.sqrt(np.mean(head[outside] ** 2)) < 0.6 * np.sqrt(np.mean(head[d2t] ** 2))
+    embd = theirs["token_embd.weight"][1]  # all a token is lies in what attention carries
+    assert not embd[:, kept_dims(s):].any() and kept_dims(s) == 64
+
+
+def test_an_eagle3_head_agrees_as_late_says(tmp_path):
+    rng = np.random.default_rng(0)
+    texts = [[1] + rng.integers(259, 1024, size=60).tolist() for _ in range(3)]
+    rates = {}
+    for late in (0.05, 0.5):
+        (tmp_path / str(late)).mkdir()
+        target, draft = resolve_pair(eagle3_pair(tmp_path / str(late), late=late))
+        rates[late] = greedy_agreement(target, draft, texts)
+    assert rates[0.05] > 0.9 and rates[0.5] < rates[0.05] - 0.3, rates
+
+
 # --------------------------------------------------------------------------- models.toml
 
 
@@ -191,6 +250,17 @@ def test_the_forms_and_their_defaults(tmp_path):
         "first 3 scaled by 0, made once in the user cache")
     assert pair.draft.describe() == (
         "the target's first 2 layers, with its embeddings and output head")
+    e3 = load_config(config(tmp_path, '{ synthetic = "llama3.1-8b", early = 0, eagle3 = true }',
+                            '{ eagle3 = "target" }')).pair("synth")
+    assert e3.target.synthetic == SyntheticSpec("llama3.1-8b", early=0, eagle3=True)
+    assert e3.draft == ModelSource.eagle3_head() and e3.draft_quant is None
+    assert e3.target.describe() == (
+        "synthetic Llama 3.1 8B shape: random weights, Q4_K_M (~4.9 GB), layers after the "
+        "first 0 scaled by 0.1, made for an EAGLE3 head, made once in the user cache")
+    assert e3.draft.describe() == "an EAGLE3 head made for the synthetic target (F16), made once"
+    q8 = load_config(config(tmp_path, '{ synthetic = "tiny", eagle3 = true }',
+                            '{ eagle3 = "target", quant = "Q8_0" }')).pair("synth")
+    assert q8.draft == ModelSource.eagle3_head() and q8.draft_quant == "Q8_0"
 
 
 BAD_FORMS = [
@@ -223,7 +293,21 @@ BAD_FORMS = [
      "Q8_0, IQ4_NL, Q4_K_M, Q6_K, F16, F32"),
     ('{ synthetic = "tiny", layers = 2 }', None,
      "target.layers: unknown key for a synthetic source (expected: synthetic, quant, early, "
-     "late, seed)"),
+     "late, seed, eagle3)"),
+    ('{ synthetic = "tiny", eagle3 = "yes" }', None,
+     'target.eagle3: must be true or false, got string "yes"'),
+    ('{ synthetic = "tiny-lfm2", eagle3 = true }', None,
+     "target.eagle3: an EAGLE3 head drafts for a llama shape, 'tiny-lfm2' is lfm2"),
+    ('{ eagle3 = "target" }', None,
+     'target: an EAGLE3 head is only valid for draft (it is made for the target: target = '
+     '{ synthetic = "llama3.1-8b", early = 0, eagle3 = true })'),
+    ('{ synthetic = "tiny", eagle3 = true }', '{ eagle3 = "draft" }',
+     'draft.eagle3: must be "target", got string "draft"'),
+    ('{ synthetic = "tiny", eagle3 = true }', '{ eagle3 = "target", layers = 2 }',
+     "draft.layers: unknown key for an eagle3 source (expected: eagle3)"),
+    ('{ synthetic = "tiny" }', '{ eagle3 = "target" }',
+     'draft: an EAGLE3 head ({ eagle3 = "target" }) drafts for a synthetic target made for '
+     'one: target = { synthetic = "llama3.1-8b", early = 0, eagle3 = true }'),
     ('{ derive = "target", layers = 2 }', None,
      "target: a derived model is only valid for draft (it is made from the target)"),
     ('"t.gguf"', '{ synthetic = "tiny" }',

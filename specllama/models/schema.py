@@ -23,6 +23,8 @@ from .synthetic import (
     approx_size,
     synthetic_path,
 )
+from .synthetic_eagle3 import DRAFT_TAG as EAGLE3_DRAFT_TAG
+from .synthetic_eagle3 import target_path as eagle3_target_path
 
 CONFIG_FILENAME = "models.toml"
 CONFIG_ENV_VAR = "SPECLLAMA_CONFIG"
@@ -90,13 +92,15 @@ def split_hf_url(url: str) -> tuple[str, str] | None:
 class SyntheticSpec:
     """A synthetic model (:mod:`.synthetic`): random weights in the shape ``shape`` (a
     key of :data:`SHAPES`), quantized to ``quant``, its first ``early`` layers at full
-    scale and the later ones scaled by ``late``, drawn from ``seed``."""
+    scale and the later ones scaled by ``late``, drawn from ``seed``; with ``eagle3``, made
+    for an EAGLE3 head to draft for it (:mod:`.synthetic_eagle3`: a llama shape only)."""
 
     shape: str
     quant: str = DEFAULT_QUANT
     early: int = DEFAULT_EARLY
     late: float = DEFAULT_LATE
     seed: int = DEFAULT_SEED
+    eagle3: bool = False
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -109,10 +113,15 @@ class SyntheticSpec:
             raise ValueError(f"late must be in [0, {MAX_LATE:g}], got {self.late}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.eagle3 and SHAPES[self.shape].arch != "llama":
+            raise ValueError(f"eagle3 needs a llama shape, {self.shape!r} is "
+                             f"{SHAPES[self.shape].arch}")
 
     @property
     def path(self) -> Path:
         """Where it is made once (made or not)."""
+        if self.eagle3:
+            return eagle3_target_path(self.shape, self.quant, self.early, self.late, self.seed)
         return synthetic_path(self.shape, self.quant, self.early, self.late, self.seed)
 
     @property
@@ -121,9 +130,10 @@ class SyntheticSpec:
 
     def describe(self) -> str:
         size = approx_size(SHAPES[self.shape], self.quant)
+        made_for = ", made for an EAGLE3 head" if self.eagle3 else ""
         return (f"synthetic {self.title} shape: random weights, {self.quant} ({size}), layers "
-                f"after the first {self.early} scaled by {self.late:g}, made once in the "
-                "user cache")
+                f"after the first {self.early} scaled by {self.late:g}{made_for}, made once "
+                "in the user cache")
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,8 @@ class ModelSource:
       to the config file's directory)
     - ``package``: ``package`` (importable name) and ``file`` (relative to its directory)
     - ``derive``: ``quant`` (one of :data:`DERIVE_QUANTS`): requantized from the target;
-      or ``layers``: the target's first ``layers`` layers
+      or ``layers``: the target's first ``layers`` layers; or ``eagle3`` (True): an EAGLE3
+      head made for a synthetic target made for one (:mod:`.synthetic_eagle3`)
     - ``lookup``: nothing (prompt-lookup drafting, no draft model)
     - ``hf``: ``repo`` (``OWNER/REPO`` on Hugging Face), ``file`` (a ``.gguf`` name in
       it, or a glob such as ``*q4_k_m*.gguf``) and ``revision`` (default ``"main"``)
@@ -150,6 +161,7 @@ class ModelSource:
     revision: str | None = None
     layers: int | None = None
     synthetic: SyntheticSpec | None = None
+    eagle3: bool = False
 
     def __post_init__(self) -> None:
         if self.kind == "hf" and self.revision is None:
@@ -157,7 +169,8 @@ class ModelSource:
         expected = {
             "path": {"path"},
             "package": {"package", "file"},
-            "derive": {"quant"} if self.layers is None else {"layers"},
+            "derive": {"eagle3"} if self.eagle3 else {"quant"} if self.layers is None
+            else {"layers"},
             "lookup": set(),
             "hf": {"repo", "file", "revision"},
             "synthetic": {"synthetic"},
@@ -172,7 +185,7 @@ class ModelSource:
         if self.kind == "derive" and self.layers is not None:
             if self.layers < 1:
                 raise ValueError(f"layers must be >= 1, got {self.layers}")
-        elif self.kind == "derive" and self.quant not in DERIVE_QUANTS:
+        elif self.kind == "derive" and not self.eagle3 and self.quant not in DERIVE_QUANTS:
             raise ValueError(f"unknown quant {self.quant!r}; expected one of {DERIVE_QUANTS}")
         if self.kind == "hf":
             assert self.repo is not None and self.file is not None
@@ -199,6 +212,11 @@ class ModelSource:
     def first_layers(cls, layers: int) -> ModelSource:
         """A draft made of the target's first ``layers`` layers."""
         return cls(kind="derive", layers=layers)
+
+    @classmethod
+    def eagle3_head(cls) -> ModelSource:
+        """A draft that is an EAGLE3 head made for the (synthetic) target."""
+        return cls(kind="derive", eagle3=True)
 
     @classmethod
     def from_synthetic(cls, shape: str, **spec: Any) -> ModelSource:
@@ -253,6 +271,8 @@ class ModelSource:
         if self.kind == "derive" and self.layers is not None:
             return (f"the target's first {self.layers} layers, with its embeddings and "
                     "output head")
+        if self.kind == "derive" and self.eagle3:
+            return "an EAGLE3 head made for the synthetic target (F16), made once"
         if self.kind == "derive":
             return f"{self.quant} requantization of the target"
         if self.kind == "synthetic":
@@ -266,6 +286,8 @@ class ModelSource:
         quant (``Q4_0``), or ``first2`` for the first two layers."""
         if self.kind != "derive":
             raise ValueError(f"a {self.kind!r} source is not derived")
+        if self.eagle3:
+            return EAGLE3_DRAFT_TAG
         return first_layers_tag(self.layers) if self.layers is not None else str(self.quant)
 
 
@@ -292,6 +314,15 @@ class Pair:
     draft_quant: str | None = None
     #: The models.toml this pair came from (None for pairs built in code).
     config_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft.eagle3 and (self.target.synthetic is None
+                                  or not self.target.synthetic.eagle3):
+            where = f"{self.config_path}: " if self.config_path is not None else ""
+            raise ConfigError(
+                f"{where}pairs.{self.name}.draft: an EAGLE3 head ({{ eagle3 = \"target\" }}) "
+                "drafts for a synthetic target made for one: target = { synthetic = "
+                "\"llama3.1-8b\", early = 0, eagle3 = true }")
 
 
 @dataclass(frozen=True)

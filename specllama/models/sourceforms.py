@@ -2,9 +2,11 @@
 
 The forms: a path string, ``"hf://OWNER/REPO/FILE.gguf"``, ``"lookup"`` (a draft
 only), and the tables ``{ path }``, ``{ package, file }``, ``{ hf, file, revision }``,
-``{ derive = "target", quant }`` or ``{ derive = "target", layers }`` (a draft only) and
-``{ synthetic = SHAPE, quant, early, late, seed }`` (a target only). Each problem is a
-one-line :class:`ConfigError` naming the key. Nothing here touches the file system.
+``{ derive = "target", quant }`` or ``{ derive = "target", layers }`` (a draft only),
+``{ synthetic = SHAPE, quant, early, late, seed, eagle3 }`` (a target only) and
+``{ eagle3 = "target" }`` (a draft only: an EAGLE3 head made for a synthetic target with
+``eagle3 = true``). Each problem is a one-line :class:`ConfigError` naming the key.
+Nothing here touches the file system.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ _HF_URL_RE = re.compile(
 # keys a form may leave out (a derive table takes one of quant and layers: checked apart).
 _TABLE_FORMS: dict[str, tuple[str, ...]] = {
     "derive": ("derive", "quant", "layers"),
-    "synthetic": ("synthetic", "quant", "early", "late", "seed"),
+    "synthetic": ("synthetic", "quant", "early", "late", "seed", "eagle3"),
+    "eagle3": ("eagle3",),  # after synthetic, whose tables may say eagle3 = true
     "package": ("package", "file"),
     "hf": ("hf", "file", "revision"),
     "path": ("path",),
 }
-_OPTIONAL = frozenset({"revision", "quant", "layers", "early", "late", "seed"})
+_OPTIONAL = frozenset({"revision", "quant", "layers", "early", "late", "seed", "eagle3"})
 
 
 def toml_key(*parts: str) -> str:
@@ -101,6 +104,8 @@ class SourceReader:
             return self._package_table(raw, parts)
         if form == "synthetic":
             return self._synthetic_table(raw, parts, role=role)
+        if form == "eagle3":
+            return self._eagle3_table(raw, parts, role=role)
         return self._derive_table(raw, parts, role=role)
 
     def quant(self, value: Any, key: str) -> str:
@@ -191,7 +196,7 @@ class SourceReader:
             keys = f"a table with keys: {', '.join(raw)}" if raw else "an empty table"
             self.fail(toml_key(*parts), f"expected {_forms(role)}; got {keys}")
         allowed = _TABLE_FORMS[form]
-        article = "an" if form == "hf" else "a"
+        article = "an" if form in ("hf", "eagle3") else "a"
         for key in raw:
             if key not in allowed:
                 self.fail(
@@ -313,9 +318,28 @@ class SourceReader:
         seed = raw.get("seed")
         if seed is not None and (not _is_int(seed) or seed < 0):
             self.fail(toml_key(*parts, "seed"), f"must be a whole number >= 0, {got(seed)}")
-        given = {"early": early, "late": None if late is None else float(late), "seed": seed}
+        eagle3 = raw.get("eagle3")
+        if eagle3 is not None and not isinstance(eagle3, bool):
+            self.fail(toml_key(*parts, "eagle3"), f"must be true or false, {got(eagle3)}")
+        if eagle3 and SHAPES[shape].arch != "llama":
+            self.fail(toml_key(*parts, "eagle3"),
+                      f"an EAGLE3 head drafts for a llama shape, {shape!r} is "
+                      f"{SHAPES[shape].arch}")
+        given = {"early": early, "late": None if late is None else float(late), "seed": seed,
+                 "eagle3": eagle3 or None}
         spec.update({k: v for k, v in given.items() if v is not None})
         return ModelSource(kind="synthetic", synthetic=SyntheticSpec(shape, **spec))
+
+    def _eagle3_table(
+        self, raw: dict[str, Any], parts: tuple[str, ...], *, role: str
+    ) -> ModelSource:
+        if role != "draft":
+            self.fail(toml_key(*parts), "an EAGLE3 head is only valid for draft (it is made "
+                      'for the target: target = { synthetic = "llama3.1-8b", early = 0, '
+                      "eagle3 = true })")
+        if raw["eagle3"] != "target":
+            self.fail(toml_key(*parts, "eagle3"), f'must be "target", {got(raw["eagle3"])}')
+        return ModelSource.eagle3_head()
 
 
 def _is_int(value: Any) -> bool:

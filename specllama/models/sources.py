@@ -6,7 +6,8 @@
 - ``derive``: the target requantized, or its first layers, made once into the user
   cache (:mod:`.derive`).
 - ``synthetic``: a random-weight model of a real shape, made once into the user cache
-  (:mod:`.synthetic`).
+  (:mod:`.synthetic`; with ``eagle3``, :mod:`.synthetic_eagle3`'s, made for an EAGLE3
+  head); a ``derive`` source with ``eagle3``: that head, made once beside derived drafts.
 - ``quant`` on the target's or the draft's file source (``Pair.target_quant``,
   ``Pair.draft_quant``): that file requantized once into the user cache, the same way.
 - ``lookup``: has no file; :func:`resolve_source` refuses it.
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..engine.llama.gguf import GGUF_MAGIC, check_gguf_file
-from ..errors import ConfigError
+from ..errors import ConfigError, DraftDerivationError
 from ..paths import CACHE_ENV_VAR, cache_dir
 from .derive import derive, derive_first_layers, derived_path
 from .hf import hf_cache_dir, hf_cli, hf_offline, resolve_hf
@@ -30,6 +31,8 @@ from .packages import find_package_file
 from .schema import ModelSource, Pair
 from .search import find_config, packaged_config_path
 from .synthetic import make_synthetic
+from .synthetic_eagle3 import make_draft as make_eagle3_draft
+from .synthetic_eagle3 import make_target as make_eagle3_target
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -130,23 +133,40 @@ def resolve_source(
     if source.kind == "synthetic":
         spec = source.synthetic
         assert spec is not None
-        return make_synthetic(spec.shape, spec.quant, spec.early, spec.late, spec.seed,
-                              n_threads=n_threads, progress=progress)
+        make = make_eagle3_target if spec.eagle3 else make_synthetic
+        return make(spec.shape, spec.quant, spec.early, spec.late, spec.seed,
+                    n_threads=n_threads, progress=progress)
 
     if source.kind == "derive":
-        if pair.target.kind not in ("path", "package", "hf", "synthetic"):
-            raise ValueError(
-                f"pair {pair.name!r}: cannot derive a draft from a {pair.target.kind} target"
-            )
-        target = resolve_target(pair, n_threads=n_threads, progress=progress)
-        if source.layers is not None:
-            return derive_first_layers(target, source.layers, progress=progress)
-        assert source.quant is not None
-        return derive(target, source.quant, n_threads=n_threads, progress=progress)
+        return _derived(source, pair, n_threads, progress, hint)
 
     if source.kind == "lookup":
         raise ValueError(f"pair {pair.name!r}: a lookup draft has no model file; do not resolve it")
     raise ValueError(f"unknown source kind {source.kind!r}")  # pragma: no cover
+
+
+def _derived(source: ModelSource, pair: Pair, n_threads: int | None,
+             progress: Progress | None, hint: str) -> Path:
+    """A draft made from the pair's target: requantized, its first layers, or an EAGLE3
+    head made for a synthetic target (its weights follow from the target's shape and
+    seed; its file goes with the target's)."""
+    if pair.target.kind not in ("path", "package", "hf", "synthetic"):
+        raise ValueError(
+            f"pair {pair.name!r}: cannot derive a draft from a {pair.target.kind} target"
+        )
+    spec = pair.target.synthetic
+    if source.eagle3 and (spec is None or not spec.eagle3):
+        raise DraftDerivationError(
+            f"pair {pair.name!r}: an EAGLE3 head drafts only for a synthetic target "
+            f"made for one (eagle3 = true){hint}")
+    target = resolve_target(pair, n_threads=n_threads, progress=progress)
+    if source.eagle3:
+        assert spec is not None
+        return make_eagle3_draft(target, spec.shape, spec.seed, progress=progress)
+    if source.layers is not None:
+        return derive_first_layers(target, source.layers, progress=progress)
+    assert source.quant is not None
+    return derive(target, source.quant, n_threads=n_threads, progress=progress)
 
 
 def resolve_target(
