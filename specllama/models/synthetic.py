@@ -207,6 +207,11 @@ def write_synthetic(path: Path, key: str, *, early: int = DEFAULT_EARLY,
     _vocabulary(writer, s.vocab)
     made = _tensors(s, early, late, seed, dtype) if s.arch == "llama" else \
         hybrid.tensors(s, early, late, seed, EARLY_SCALE, HEAD_SCALE, dtype)
+    write_tensors(writer, made)
+
+
+def write_tensors(writer: Any, made: Iterator[tuple[str, np.ndarray]]) -> None:
+    """The tensors, then the whole file (a gguf.GGUFWriter's header written last)."""
     for name, weights in made:
         writer.add_tensor(name, weights)
     writer.write_header_to_file()
@@ -225,19 +230,24 @@ def _quantize(src: Path, dst: Path, quant: str, n_threads: int | None) -> None:
 
 
 def make_synthetic(key: str, quant: str, early: int, late: float, seed: int, *,
-                   n_threads: int | None = None, progress: Progress | None = None) -> Path:
+                   n_threads: int | None = None, progress: Progress | None = None,
+                   write: Callable[..., None] | None = None, dst: Path | None = None,
+                   made_for: str = "") -> Path:
     """The synthetic model of these parameters: written once into
-    :func:`synthetic_path` (as F16, then quantized to ``quant``), then reused."""
+    :func:`synthetic_path` (as F16, then quantized to ``quant``), then reused. ``write``
+    and ``dst``: another writer of the same arguments and its file (synthetic_eagle3's
+    target, ``made_for`` an EAGLE3 head)."""
     s = SHAPES[key]
-    dst = synthetic_path(key, quant, early, late, seed)
+    dst = dst or synthetic_path(key, quant, early, late, seed)
+    write = write or write_synthetic
 
     def make(tmp: Path) -> None:
         if quant in ("F16", "F32"):
-            write_synthetic(tmp, key, early=early, late=late, seed=seed, ftype=quant)
+            write(tmp, key, early=early, late=late, seed=seed, ftype=quant)
             return
         raw = tmp.with_suffix(".f16.part")  # beside it: a killed run's is cleaned up too
         try:
-            write_synthetic(raw, key, early=early, late=late, seed=seed)
+            write(raw, key, early=early, late=late, seed=seed)
             _quantize(raw, tmp, quant, n_threads)
         except DraftDerivationError as exc:
             raise ModelLoadError(f"making the synthetic {s.title} model failed: {exc}") from exc
@@ -246,7 +256,7 @@ def make_synthetic(key: str, quant: str, early: int, late: float, seed: int, *,
 
     return make_once(
         dst, make,
-        announce=f"making a synthetic {s.title} model (random weights, {quant}, "
+        announce=f"making a synthetic {s.title} model{made_for} (random weights, {quant}, "
                  f"{approx_size(s, quant)}; once, cached in {dst.parent})",
         invalid=f"making the synthetic {s.title} model produced no valid GGUF file",
         progress=progress, kind=_CACHE,

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DraftDerivationError, ModelLoadError
+from ..errors import ModelLoadError
 from . import synthetic as syn
 from .derive import derived_path
 from .makeonce import CacheKind, make_once
@@ -169,15 +169,6 @@ def _header(writer: Any, s: syn.Shape, ftype: str) -> None:
                          else gguf.LlamaFileType.MOSTLY_F16)
 
 
-def _finish(writer: Any, made: Iterator[tuple[str, np.ndarray]]) -> None:
-    for name, weights in made:
-        writer.add_tensor(name, weights)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def write_target(path: Path, key: str, *, early: int = 0, late: float = syn.DEFAULT_LATE,
                  seed: int = syn.DEFAULT_SEED, ftype: str = "F16") -> None:
     """Write the EAGLE3-ready synthetic target of shape ``key`` at ``path``, as F16 or
@@ -196,7 +187,7 @@ def write_target(path: Path, key: str, *, early: int = 0, late: float = syn.DEFA
     writer.add_block_count(s.layers)
     _header(writer, s, ftype)
     syn._vocabulary(writer, s.vocab)
-    _finish(writer, _target_tensors(s, early, late, seed, dtype))
+    syn.write_tensors(writer, _target_tensors(s, early, late, seed, dtype))
 
 
 def _draft_tensors(s: syn.Shape, seed: int,
@@ -258,7 +249,7 @@ def write_draft(path: Path, key: str, *, seed: int = syn.DEFAULT_SEED,
     writer.add_uint32("eagle3.target_hidden_size", s.d)
     writer.add_bool("eagle3.norm_before_residual", True)
     syn._vocabulary(writer, s.vocab)
-    _finish(writer, _draft_tensors(s, seed, dtype))
+    syn.write_tensors(writer, _draft_tensors(s, seed, dtype))
 
 
 # --------------------------------------------------------------------------- made once
@@ -268,29 +259,11 @@ def make_target(key: str, quant: str, early: int, late: float, seed: int, *,
                 n_threads: int | None = None, progress: Progress | None = None) -> Path:
     """The EAGLE3-ready synthetic target of these parameters: written once into
     :func:`target_path` (as F16, then quantized to ``quant``), then reused."""
-    s = shape(key)
-    dst = target_path(key, quant, early, late, seed)
-
-    def make(tmp: Path) -> None:
-        if quant in ("F16", "F32"):
-            write_target(tmp, key, early=early, late=late, seed=seed, ftype=quant)
-            return
-        raw = tmp.with_suffix(".f16.part")  # beside it: a killed run's is cleaned up too
-        try:
-            write_target(raw, key, early=early, late=late, seed=seed)
-            syn._quantize(raw, tmp, quant, n_threads)
-        except DraftDerivationError as exc:
-            raise ModelLoadError(f"making the synthetic {s.title} model failed: {exc}") from exc
-        finally:
-            raw.unlink(missing_ok=True)
-
-    return make_once(
-        dst, make,
-        announce=f"making a synthetic {s.title} model for an EAGLE3 head (random weights, "
-                 f"{quant}, {syn.approx_size(s, quant)}; once, cached in {dst.parent})",
-        invalid=f"making the synthetic {s.title} model produced no valid GGUF file",
-        progress=progress, kind=_CACHE,
-    )
+    shape(key)  # (a shape that is not llama's is refused here)
+    return syn.make_synthetic(key, quant, early, late, seed, n_threads=n_threads,
+                              progress=progress, write=write_target,
+                              dst=target_path(key, quant, early, late, seed),
+                              made_for=" for an EAGLE3 head")
 
 
 def make_draft(target: Path, key: str, seed: int, *,

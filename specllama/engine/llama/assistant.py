@@ -31,11 +31,10 @@ import numpy as np
 
 from ...errors import ContextOverflowError, DecodeError, ModelLoadError
 from . import backend
-from .context import Context
 from .gguf import check_gguf_file
+from .heads import Head
 from .model import Model
 from .mtp import HiddenStates, lcx
-from .rewind import Rewinder
 from .views import DraftTraits, KVState, LogitsWanted
 
 ARCH = "gemma4-assistant"
@@ -43,7 +42,7 @@ ARCH = "gemma4-assistant"
 _SHAPE_KEYS = ("attention.head_count_kv", "attention.key_length", "attention.key_length_swa")
 
 
-class AssistantDraft(Model):
+class AssistantDraft(Head):
     """A Gemma 4 assistant drafting for `target` from the target's own KV cache."""
 
     traits = DraftTraits(
@@ -57,22 +56,12 @@ class AssistantDraft(Model):
         if lcx is None:  # pragma: no cover - an older llama-cpp-python
             raise ModelLoadError(f"{path.name}: this llama-cpp-python cannot run Gemma 4 "
                                  "assistants (0.3.36 or later can)")
-        model = self._load_model(path, ())
-        try:
-            self._check_fits(target)
-            shared = Context.create(
-                model, path, n_ctx=target.n_ctx, n_batch=target.n_batch, n_seq=1,
-                n_threads=target.n_threads, n_vocab=self.n_vocab, spares=False,
-                snapshots=0, rpc=(), reads=target.shared.ctx)
-        except BaseException:
-            super(Model, self).close()
-            raise
-        self._view(shared, 0, Rewinder(shared.mem, 0, -1, "trim", 0))
+        self._load_over(path, target, lambda model: self._check_fits(target))
         self.target = target
         self.hidden = HiddenStates(target)
-        lcx.llama_set_embeddings_nextn(shared.ctx, True, True)
+        lcx.llama_set_embeddings_nextn(self.shared.ctx, True, True)
         self._embd = np.zeros((1, self.n_embd), dtype=np.float32)
-        shared.batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self.shared.batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         self._own: np.ndarray | None = None  # the hidden state its last step returned
         self._rows: dict[int, np.ndarray] = {}  # logits of its last decode, by row
 

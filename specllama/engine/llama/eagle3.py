@@ -43,11 +43,10 @@ import numpy as np
 from ...errors import ModelLoadError
 from . import backend
 from .backend import lc
-from .context import Context
 from .gguf import check_gguf_file
+from .heads import Head
 from .model import Model
 from .mtp import lcx
-from .rewind import Rewinder
 from .views import DraftTraits, KVState, LogitsWanted
 
 ARCH = "eagle3"
@@ -131,7 +130,7 @@ class FusedStates:
         return None
 
 
-class Eagle3Draft(Model):
+class Eagle3Draft(Head):
     """An EAGLE3 head drafting for `target` from the target's fused hidden states."""
 
     # Its fused states come from the target's decodes, and its encoder runs on its own
@@ -148,21 +147,11 @@ class Eagle3Draft(Model):
         if not available():  # pragma: no cover - an older llama-cpp-python
             raise ModelLoadError(f"{path.name}: this llama-cpp-python cannot run EAGLE3 "
                                  "heads (0.3.36 or later can)")
-        model = self._load_model(path, ())
-        try:
-            layers = self._check_fits(model, target)
-            shared = Context.create(
-                model, path, n_ctx=target.n_ctx, n_batch=target.n_batch, n_seq=1,
-                n_threads=target.n_threads, n_vocab=self.n_vocab, spares=False,
-                snapshots=0, rpc=(), reads=target.shared.ctx)
-        except BaseException:
-            super(Model, self).close()
-            raise
-        self._view(shared, 0, Rewinder(shared.mem, 0, -1, "trim", 0))
+        layers = self._load_over(path, target, lambda model: self._check_fits(model, target))
         self.target = target
-        lcx.llama_set_embeddings_nextn(shared.ctx, True, True)  # its g and pre-norm rows
+        lcx.llama_set_embeddings_nextn(self.shared.ctx, True, True)  # its g and pre-norm rows
         self._embd = np.zeros((self.n_batch, self.n_embd), dtype=np.float32)
-        shared.batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self.shared.batch.embd = self._embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         self.fused = FusedStates(target, self, layers)
         self._own: dict[int, np.ndarray] = {}  # its pre-norm output at the rows it read
         self._from_target: list[bool] = []  # per token of `cached`: decoded with the target's g
