@@ -44,3 +44,19 @@ def proposal(index, k: int) -> list[int]:
     """What an n-gram index alone drafts: k tokens after its match (none without one)."""
     found = index.match()
     return index.continuation(found[0], k) if found is not None and k > 0 else []
+
+
+def cli_report(target, draft, prompt: str) -> dict:
+    """`generate --json` of a pair's model drafts (k = 3, greedy), as a user runs it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specllama.cli import cli
+
+    result = CliRunner().invoke(cli, ["generate", prompt, "--raw", "--target", str(target),
+                                      "--draft", str(draft), "--max-tokens", "24",
+                                      "--draft-max", "3", "--drafters", "model",
+                                      "--temperature", "0", "--json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)

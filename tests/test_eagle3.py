@@ -8,20 +8,16 @@ verdicts."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from drafts import GREEDY
+from drafts import GREEDY, cli_report
 from eagle3models import DRAFT_VOCAB, draft_ids, write_tiny_eagle3_pair
 from test_cli import assert_one_line_error
-from test_hybrid import RUNS, law_fit
+from test_hybrid import RUNS, pair_law
 from tinymodels import write_tiny_model
 
 import specllama.engine.sampling as sampling_module
 from specllama import InvalidParameterError, ModelLoadError, SamplingParams, SpeculativeDecoder
-from specllama.cli import cli
 
 PROMPTS = ["the cat sat on the", "once upon a time there", "a b c d e f g"]
 LAW = SamplingParams(temperature=1.0, top_k=8)
@@ -122,32 +118,19 @@ def test_a_copy_of_its_state_restores_what_it_drafts_from(dec):
 
 
 def test_eagle3_speculation_follows_the_target_law(halfway):
-    d = SpeculativeDecoder.load(*halfway, n_ctx=256, n_threads=1, p_min=0.0)
-    try:
-        pvalue, drafted_at, accepted_at = law_fit(d, halfway[0], ("model",), LAW)
-    finally:
-        d.close()
+    pvalue, drafted_at, accepted_at = pair_law(halfway, LAW)
     assert drafted_at[2] > 0 and 0 < accepted_at[0] < drafted_at[0] and accepted_at[2] > 0
     assert pvalue > 1e-3
 
 
 def test_the_eagle3_law_test_rejects_a_wrong_rule(halfway, monkeypatch):
     monkeypatch.setattr(sampling_module, "acceptance_probability", lambda p, q, d: 1.0)
-    d = SpeculativeDecoder.load(*halfway, n_ctx=256, n_threads=1, p_min=0.0)
-    try:
-        assert law_fit(d, halfway[0], ("model",), LAW, runs=RUNS // 8)[0] < 1e-6
-    finally:
-        d.close()
+    assert pair_law(halfway, LAW, runs=RUNS // 8)[0] < 1e-6
 
 
 def test_the_cli_drafts_with_an_eagle3_head(agreeing):
     target, head = agreeing
-    result = CliRunner().invoke(cli, ["generate", PROMPTS[0], "--raw", "--target", str(target),
-                                      "--draft", str(head), "--max-tokens", "24",
-                                      "--draft-max", "3", "--drafters", "model",
-                                      "--temperature", "0", "--json"])
-    assert result.exit_code == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = cli_report(target, head, PROMPTS[0])
     assert report["settings"]["draft"] == str(head)
     assert report["stats"]["drafted"] > report["stats"]["accepted"] > 0
 

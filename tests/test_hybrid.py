@@ -327,6 +327,16 @@ def law_fit(dec: SpeculativeDecoder, target, drafters: tuple[str, ...],
         probe.close()
 
 
+def pair_law(pair, params: SamplingParams, runs: int = RUNS) -> tuple[float, list[int],
+                                                                      list[int]]:
+    """law_fit of a (target, draft) pair's model drafts, loaded for it and closed."""
+    d = SpeculativeDecoder.load(*pair, n_ctx=256, n_threads=1, p_min=0.0)
+    try:
+        return law_fit(d, pair[0], ("model",), params, runs=runs)
+    finally:
+        d.close()
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_sampled_speculation_follows_the_target_law(dec, pairs, family):
     pvalue, drafted_at, accepted_at = law_fit(dec, pairs[family][0], ("model",))
