@@ -231,7 +231,7 @@ class Eagle3Draft(Head):
         else:
             super().decode(tokens[:-1], "none")
             super().decode(tokens[-1:], "last")
-        self._lead, self._rows = lead, len(tokens)
+        self._lead, self._rows = lead, len(tokens)  # (a long text's chunks came through here)
         if logits == "none":
             return
         self._own.clear()
