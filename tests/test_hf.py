@@ -23,7 +23,7 @@ import pytest
 
 import specllama
 from specllama.errors import ConfigError, ModelLoadError
-from specllama.models import hf
+from specllama.models import hferrors
 from specllama.models.config import ModelSource, Pair, load_config, packaged_config_path
 from specllama.models.sources import (
     hf_cache_dir,
@@ -396,7 +396,7 @@ def test_transformers_offline_counts_too(monkeypatch):
 )
 def test_hf_cli_name_follows_the_installed_version(monkeypatch, version, cli):
     monkeypatch.setattr(
-        hf,
+        hferrors,
         "_hub_version",
         lambda: None if version is None else tuple(int(x) for x in version.split(".")[:2]),
     )
@@ -613,7 +613,7 @@ def test_real_hub_error_classes_are_recognized():
 
     assert "RepositoryNotFoundError" in names(hub_errors.GatedRepoError)
     assert "EntryNotFoundError" in names(hub_errors.RemoteEntryNotFoundError)
-    assert hf._UNREACHABLE & names(hub_errors.LocalEntryNotFoundError)
+    assert hferrors._UNREACHABLE & names(hub_errors.LocalEntryNotFoundError)
     assert "ConnectionError" in names(hub_errors.OfflineModeIsEnabled)
 
 
