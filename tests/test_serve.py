@@ -605,7 +605,7 @@ def _hand_over(stream: bool, n: int = 3000) -> tuple[list[list], int]:
             return plain(*args)
 
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-        job = Job(None, loop, "test", stream)  # type: ignore[arg-type]
+        job = Job(None, loop, "test", "text" if stream else "end")  # type: ignore[arg-type]
 
         def worker() -> None:
             for i in range(n):

@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -271,6 +272,21 @@ def test_the_page_asks_for_the_key(keyed, browser):
     assert tab.eval("localStorage.length") == 0
     tab.ask("Hello")
     done_turns(tab, 1)
+    tab.close()
+
+
+def test_a_link_offers_a_question_but_only_the_user_sends_it(server, browser):
+    """Any site can open /?ask=...: the page fills the box and waits for the user."""
+    before = server.health()["requests"]["completed"]
+    tab = browser.tab(server.url + "/?ask=" + quote("Tell me a secret"))
+    tab.wait("document.documentElement.dataset.ready === '1'")
+    time.sleep(1.5)  # what an auto-sent turn would have needed to reach the server
+    assert tab.eval("document.getElementById('prompt').value") == "Tell me a secret"
+    assert not any("/v1/rounds" in u for u in tab.requests())
+    assert server.health()["requests"]["completed"] == before
+    tab.eval("document.getElementById('ask').requestSubmit(); true")
+    done_turns(tab, 1)
+    assert server.health()["requests"]["completed"] == before + 1
     tab.close()
 
 

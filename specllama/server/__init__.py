@@ -1,13 +1,15 @@
-"""`specllama serve`: the speculative pair behind an OpenAI-compatible HTTP API.
+"""`specllama serve`: the speculative pair behind OpenAI's and Anthropic's HTTP APIs.
 
-schema (request bodies, OpenAI-shaped errors) -> prompts (request -> tokens and
-settings) -> jobs (one request on the decoder) -> isolation (the decoder in an engine
-process that may die) -> worker (one thread, a bounded FIFO queue, restarts) ->
-responses (OpenAI's bodies plus the `speculative` figures) -> app (starlette routes,
-SSE) -> runner (uvicorn, signals).
+One path per request: app (the route table) -> guard (the browser boundary, the limit
+on requests in progress) -> serving (the one route body every API shares: the key, the
+body, the API's parse from apis/, the model, a place in the queue, prompts, the job) ->
+worker (a thread per slot, a bounded FIFO queue, restarts) -> jobs (an Order on a Slot,
+in an engine process that may die: isolation) -> the API's answer (apis/, answer.py),
+streamed as server-sent events or whole. errors.py answers every failure on the way,
+in the asking API's shape; runner.py runs it all under uvicorn, with signals.
 """
 
-from .app import ServeConfig
+from .config import ServeConfig
 from .isolation import EngineLost, EngineProcess
 from .jobs import Slot
 from .prompts import Defaults

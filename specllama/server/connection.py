@@ -9,8 +9,7 @@ from typing import Protocol
 import anyio
 from starlette.requests import Request
 
-from .. import Event
-from .jobs import Failure
+from .jobs import Failure, Item
 from .schema import APIError
 
 MAX_BODY = 4 * 2**20
@@ -18,14 +17,16 @@ MAX_BODY = 4 * 2**20
 # its 413 instead of a connection reset halfway through sending.
 _DRAIN_LIMIT = 4 * MAX_BODY
 
-Batches = AsyncIterator[list[Event | Failure]]
+Batches = AsyncIterator[list[Item | Failure]]
 
 
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-async def read_body(request: Request) -> bytes:
+async def read_body(request: Request, timeout_s: float) -> bytes:
+    """The body, at most MAX_BODY bytes, sent within `timeout_s` seconds (else 408:
+    a slow sender holds a place of the server's limit while it sends)."""
     too_large = APIError(
         413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large"
     )
@@ -33,12 +34,16 @@ async def read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > _DRAIN_LIMIT:
         raise too_large
     size, parts = 0, []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= MAX_BODY:
-            parts.append(chunk)
-        elif size > _DRAIN_LIMIT:
-            break
+    with anyio.move_on_after(timeout_s) as waited:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY:
+                parts.append(chunk)
+            elif size > _DRAIN_LIMIT:
+                break
+    if waited.cancelled_caught:
+        raise APIError(408, f"the request body took longer than {timeout_s:g} s to arrive",
+                       code="request_timeout", headers={"Connection": "close"})
     if size > MAX_BODY:
         raise too_large
     return b"".join(parts)
@@ -55,7 +60,7 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-async def prepend(first: list[Event | Failure], rest: Batches) -> Batches:
+async def prepend(first: list[Item | Failure], rest: Batches) -> Batches:
     if first:
         yield first
     async for batch in rest:

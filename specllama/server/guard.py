@@ -23,13 +23,13 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .apis.messages import error_body as messages_error
+from .errors import Errors
 from .schema import APIError
 
-_METHODS = "GET, POST, OPTIONS"
+_METHODS = "GET, POST, DELETE, OPTIONS"
 _HEADERS = ("Authorization", "Content-Type")
 _TOKEN = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP header name
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -56,9 +56,10 @@ def origin_patterns(values: Iterable[str]) -> tuple[str, ...]:
 class Guard:
     """Wraps the app; `bound_host` is --host, `allowed_origins` from origin_patterns."""
 
-    def __init__(self, app: ASGIApp, *, bound_host: str,
+    def __init__(self, app: ASGIApp, *, bound_host: str, errors: Errors,
                  allowed_origins: tuple[str, ...] = ()) -> None:
         self.app = app
+        self.errors = errors
         self.bound = _bare(bound_host)
         self.any_host = _all_interfaces(self.bound)
         # Names of this machine besides loopback addresses and *.localhost: the bound
@@ -79,7 +80,7 @@ class Guard:
         refusal = self._refusal(scope["method"], headers, local)
         origin = headers.get("origin")
         if origin is None or (refusal is not None and refusal.status == 403):
-            app = self.app if refusal is None else _answer(refusal, scope)
+            app = self.app if refusal is None else self.errors.answer(refusal, scope)
             await app(scope, receive, send)
             return
         # An allowed Origin from here on.
@@ -93,7 +94,7 @@ class Guard:
                                                   *_cors(origin)]}
             await send(message)
 
-        app = self.app if refusal is None else _answer(refusal, scope)
+        app = self.app if refusal is None else self.errors.answer(refusal, scope)
         await app(scope, receive, with_cors)
 
     def _refusal(self, method: str, headers: Headers,
@@ -147,9 +148,10 @@ class Limit:
     uvicorn's own limit_concurrency (on connections, idle ones too; a plain-text 503)
     stays as a backstop above this one (runner.py)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, errors: Errors) -> None:
         self.app = app
         self.limit = limit
+        self.errors = errors
         self.active = 0  # requests in progress (one event loop: no lock)
         self._busy = APIError(503, f"the server is busy: {limit} requests are in progress "
                               "at once, its most; retry later", type="server_error",
@@ -160,7 +162,7 @@ class Limit:
             await self.app(scope, receive, send)
             return
         if self.active >= self.limit:
-            await _answer(self._busy, scope)(scope, receive, send)
+            await self.errors.answer(self._busy, scope)(scope, receive, send)
             return
         self.active += 1
         try:
@@ -189,12 +191,6 @@ def _host_of(header: str) -> str:
     if header.count(":") == 1:
         header = header.partition(":")[0]
     return _bare(header)
-
-
-def _answer(error: APIError, scope: Scope) -> Response:
-    """The refusal in the asking API's error shape (Anthropic's on its routes)."""
-    body = messages_error(error) if scope["path"].startswith("/v1/messages") else error.body()
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def _cors(origin: str) -> list[tuple[bytes, bytes]]:

@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .. import Event, Finished, TargetToken, TokensAccepted
-from .jobs import TEXT_EVENTS, Failure
+from .. import Finished, TargetToken, TokensAccepted
+from .jobs import TEXT_EVENTS, Failure, Item, Wanted
 from .prompts import Work
 
 
@@ -40,16 +40,17 @@ END = object()
 
 
 class Job:
-    """One request's generation, seen from both sides. `stream`: the request reads the
-    text as it comes; otherwise only the end (Finished or a Failure) is handed over."""
+    """One request's generation, seen from both sides: only the items it reads
+    (`wanted`) cross to the event loop, each crossing a wake-up of it."""
 
     def __init__(self, work: Work, loop: asyncio.AbstractEventLoop, label: str,
-                 stream: bool = True) -> None:
+                 wanted: Wanted = "text") -> None:
         self.work = work
         self.label = label
-        self.stream = stream
+        self.wanted = wanted
         self._loop = loop
-        self._wanted: tuple[type, ...] = (Finished, *(TEXT_EVENTS if stream else ()))
+        self._wanted: tuple[type, ...] = {"end": (Finished,), "text": (Finished, *TEXT_EVENTS),
+                                          "all": (object,)}[wanted]
         self._pending: deque[Any] = deque()
         self._ready = asyncio.Event()  # set on the event loop only
         self._lock = threading.Lock()
@@ -87,14 +88,14 @@ class Job:
         except RuntimeError:  # the event loop is gone: nobody is listening any more
             pass
 
-    async def batches(self) -> AsyncIterator[list[Event | Failure]]:
+    async def batches(self) -> AsyncIterator[list[Item | Failure]]:
         """What the worker handed over since the last batch, in order, until the end."""
         while True:
             await self._ready.wait()
             self._ready.clear()
             with self._lock:
                 self._woken = False  # before draining: a later put() wakes us again
-            batch: list[Event | Failure] = []
+            batch: list[Item | Failure] = []
             while self._pending:
                 item = self._pending.popleft()
                 if item is END:

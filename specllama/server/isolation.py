@@ -24,11 +24,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import Event, SpecLlamaError
+from .. import SpecLlamaError
 from . import child
 from .calls import CALLS
 from .child import CLOSE_S, Factory
-from .jobs import Evaluated, Order, Outcome
+from .jobs import Item, Order, Outcome
 from .pipe import Call, LastWords, Link, LoadFailed, Ready, Reply
 
 __all__ = ["EngineLost", "EngineProcess", "Factory"]
@@ -110,7 +110,7 @@ class EngineProcess:
     def running(self) -> bool:
         return self._link is not None
 
-    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
+    def run(self, order: Order, put: Callable[[Item], None],
             cancelled: Callable[[], bool]) -> Outcome:
         """As Slot.run, in the child. `cancelled` is read before the order is sent,
         once it is sent and at every message back; a cancel between those reads comes
@@ -124,7 +124,7 @@ class EngineProcess:
         raise EngineLost("the engine process sent no outcome")  # pragma: no cover
 
     def messages(self, order: Order, cancelled: Callable[[], bool] = lambda: False,
-                 ) -> Iterator[Event | Evaluated | Outcome]:
+                 ) -> Iterator[Item | Outcome]:
         """Send the order; yield what comes back, its Outcome last. Once `cancelled()`
         the child is told to stop it."""
         link = self._connection()

@@ -18,16 +18,19 @@ from .. import (
     Event,
     Finished,
     GenerationResult,
+    GenerationStream,
     InvalidParameterError,
     PromptEvaluated,
     SpecLlamaError,
     SpeculativeDecoder,
+    Stats,
     TargetToken,
     TextFlushed,
     TokensAccepted,
 )
 from ..engine.drafting.chain import Drafters
 from ..engine.llama.kvreport import cache_report
+from ..policy.compare import Comparison, compare_with_target
 from .calls import evaluated
 from .promptcache import CacheFigures, PromptCache
 from .prompts import Work
@@ -61,15 +64,23 @@ class Failure:
 SHUTTING_DOWN = Failure(503, "the server is shutting down", "shutting_down", 5)
 
 
+#: How much of a generation's events a request reads: its end (Finished or a Failure),
+#: its text as it comes too, or every event (the round-event stream).
+Wanted = Literal["end", "text", "all"]
+
+
 @dataclass(frozen=True)
 class Order:
     """One request as a slot sees it; `id`s grow, so 'cancel up to id' is one number."""
 
     id: int
     work: Work
-    events: Literal["end", "text", "all"]  # what to hand over before the Outcome
+    events: Wanted  # what to hand over before the Outcome
     draft_max: int | str
     drafters: Drafters
+    # The run against the target alone (a Comparison) just before Finished: the
+    # round-event stream's last figures (server/apis/roundstream.py).
+    compare: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,10 @@ class Evaluated:
     PromptEvaluated when an order wants every event."""
 
     counts: dict[str, int]
+
+
+#: What a running order hands over, besides its Outcome.
+Item = Event | Evaluated | Comparison
 
 
 @dataclass(frozen=True)
@@ -131,7 +146,7 @@ class Slot(InProcess):
             return f"measuring decode costs failed: {type(exc).__name__}: {exc}"
         return None
 
-    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
+    def run(self, order: Order, put: Callable[[Item], None],
             cancelled: Callable[[], bool],
             active: Callable[[], AbstractContextManager[object]] = nullcontext) -> Outcome:
         """Generate, handing over the events the request reads; a job cancelled stops
@@ -151,25 +166,15 @@ class Slot(InProcess):
             self.prompt_cache.prepare(list(work.tokens), d.target,
                                       d.draft if d.draft_model is d.draft else None)
             # Inside the try: arguments refused here must fail this order, not the engine.
-            stream = self.decoder.stream(
-                work.tokens,
-                max_tokens=work.max_tokens,
-                sampling=work.sampling,
-                draft_max=order.draft_max,
-                drafters=order.drafters,
-                stop=work.stop,
-                keep_cache=True,  # a resent conversation is evaluated from where it differs
-                constraint=work.constraint,
-                logprobs=work.logprobs,
-                draft_prompt=self.decoder.draft_prompt_for(
-                    [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
-            )
+            stream = self._stream(order)
             with active():
                 for event in stream:
                     if cancelled():
                         break
                     if isinstance(event, PromptEvaluated) and order.events == "all":
                         put(Evaluated(evaluated(self.decoder)))
+                    if isinstance(event, Finished) and order.compare:
+                        put(self._compare(event.result.stats))
                     if isinstance(event, wanted):
                         put(event)
                     if isinstance(event, Finished):
@@ -191,6 +196,30 @@ class Slot(InProcess):
         elif stream is not None:  # stopped in its prompt: the caches hold a prefix of it
             self._history = list(work.tokens)
         return self._outcome(result, failure)
+
+    def _stream(self, order: Order) -> GenerationStream:
+        """The order's generation on this slot's decoder, not begun yet."""
+        work = order.work
+        return self.decoder.stream(
+            work.tokens,
+            max_tokens=work.max_tokens,
+            sampling=work.sampling,
+            draft_max=order.draft_max,
+            drafters=order.drafters,
+            stop=work.stop,
+            keep_cache=True,  # a resent conversation is evaluated from where it differs
+            constraint=work.constraint,
+            logprobs=work.logprobs,
+            draft_prompt=self.decoder.draft_prompt_for(
+                [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
+        )
+
+    def _compare(self, stats: Stats) -> Comparison:
+        """A figure for the turn's last event: never the turn's failure."""
+        try:
+            return compare_with_target(self.decoder, stats)
+        except Exception:
+            return Comparison("off")
 
     def _outcome(self, result: GenerationResult | None, failure: Failure | None) -> Outcome:
         cache = cache_report(self._history, self.decoder.target, self.decoder.draft_model).as_dict()

@@ -1,7 +1,7 @@
 """The live chat page, GET /: plain files shipped in the package (page/), no build step,
 nothing fetched from elsewhere (its Content-Security-Policy allows this server alone).
 
-It chats through the round-event stream (POST /v1/rounds, rounds.py) and shows each
+It chats through the round-event stream (POST /v1/rounds, apis/roundstream.py) and shows each
 round as the seed article's picture does. The files need no key (they hold nothing of
 the server's); the page asks for one when /v1/models answers 401, and keeps it in
 sessionStorage only.
@@ -9,20 +9,12 @@ sessionStorage only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-
-from .apis.base import Dialect
-from .rounds import RoundsDialect, Tap
-from .worker import Worker
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 #: The page's files, and what each is served as.
 FILES = {"index.html": "text/html; charset=utf-8", "page.css": "text/css; charset=utf-8",
@@ -40,16 +32,11 @@ _HEADERS = {
 }
 
 
-def page_routes(worker: Worker, serving: Callable[[Dialect[Any]], Endpoint]) -> list[Route]:
-    """GET / and its files, and POST /v1/rounds (served by app.py's `serving`); the
-    worker's engine gets the Tap the round events come through."""
-    if not isinstance(worker.engine, Tap):
-        worker.engine = Tap(worker.engine)
-    rounds = RoundsDialect(worker.engine, worker.draft_max, worker.drafters)
+def page_routes() -> list[Route]:
+    """GET / and its files (the turns go to POST /v1/rounds, served as every API is)."""
     return [
         Route("/", _file, methods=["GET"]),
         Route("/page/{name}", _file, methods=["GET"]),
-        Route("/v1/rounds", serving(rounds), methods=["POST"]),
     ]
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from .. import (
     ConstraintError,
     ConstraintSpec,
+    Drafters,
     InvalidParameterError,
     Repeat,
     SamplingParams,
@@ -67,6 +68,10 @@ class Work:
     turns: tuple[tuple[str, str], ...] = ()
     tools: ToolUse | None = None  # the answer may be tool calls
     reasoning: Markers | None = None  # the template's reasoning markers, when split out
+    # This request's own draft settings (POST /v1/rounds' fields), each already checked
+    # by the settings table (engine/settings.py); None: the server's.
+    draft_max: int | str | None = None
+    drafters: Drafters | None = None
 
 
 def build_work(

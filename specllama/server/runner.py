@@ -20,8 +20,8 @@ import uvicorn
 
 from .. import SpecLlamaError
 from ..engine.llama import Vocabulary
-from .app import GRACE_S, ServeConfig, create_app
-from .guard import Limit
+from .app import create_app
+from .config import GRACE_S, ServeConfig
 from .worker import Decoding, Totals, Worker
 
 
@@ -104,8 +104,7 @@ def serve(
         drafters=config.drafters,
         log=log,
     )
-    # A flood of requests gets a 503 in the API's shape instead of stalling everyone.
-    app = Limit(create_app(worker, config, vocab, log), config.limit_concurrency)
+    app = create_app(worker, config, vocab, log)
     server = _Server(
         uvicorn.Config(
             app,

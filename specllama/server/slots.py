@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import Event, SpeculativeDecoder
+from .. import SpeculativeDecoder
 from ..engine.drafting.kinds import slot_draft
 from ..engine.llama.batched import Batcher, SeqView
 from .calls import ChatCalls
-from .jobs import Evaluated, InProcess, Order, Outcome, Slot
+from .jobs import InProcess, Item, Order, Outcome, Slot
 from .promptcache import CacheFigures, PromptCache, shared
 
 
@@ -74,7 +74,7 @@ class Slots(InProcess):
         return Slot(decoder, prompt_cache=self.prompt_cache)
 
     # --------------------------------------------------------------- serving
-    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
+    def run(self, order: Order, put: Callable[[Item], None],
             cancelled: Callable[[], bool]) -> Outcome:
         assert len(self.slots) == self.n, "prepare() makes the slots"
         with self._slot_for(list(order.work.tokens)) as seq:

@@ -18,21 +18,26 @@ starts another engine, backing off while that fails, until it serves again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
-from .. import Drafters, Event, SpecLlamaError, Stats
-from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable
+from .. import Drafters, SpecLlamaError, Stats
+from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable, Wanted
 from .isolation import EngineLost
-from .jobs import SHUTTING_DOWN, Evaluated, Failure, Order, Outcome
+from .jobs import SHUTTING_DOWN, Failure, Item, Order, Outcome
 from .metrics import Metrics
 from .promptcache import CacheFigures
 from .prompts import Work
+from .state import Down, Snapshot, Totals
+
+#: Queues an admitted request's work: (work, label, what it reads) -> its Job.
+Submit = Callable[[Work, str, Wanted], Job]
 
 # Seconds between attempts to start a lost engine again: doubling up to this.
 BACKOFF_MAX_S = 10.0
@@ -53,7 +58,7 @@ class Decoding(Protocol):
         """The engine process's (/health's engine_pid); None in this process."""
 
     def prepare(self) -> str | None: ...
-    def run(self, order: Order, put: Callable[[Event | Evaluated], None],
+    def run(self, order: Order, put: Callable[[Item], None],
             cancelled: Callable[[], bool]) -> Outcome: ...
     def cancel(self, order_id: int) -> None:
         """From any thread: stop order `order_id` at its next round, past `cancelled`."""
@@ -65,59 +70,6 @@ class Decoding(Protocol):
         """End it at once, a thread stuck in `run` or not (after close's threads)."""
 
     def close(self) -> None: ...
-
-
-@dataclass
-class Totals:
-    """What the server did, for /health and the summary at exit."""
-
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    rejected: int = 0  # 503: queue full, shutting down, engine down
-    engine_restarts: int = 0
-    busy_s: float = 0.0
-    stats: Stats = field(default_factory=Stats)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "completed": self.completed,
-            "cancelled": self.cancelled,
-            "failed": self.failed,
-            "rejected": self.rejected,
-            "engine_restarts": self.engine_restarts,
-            "tokens": self.stats.tokens,
-        }
-
-
-@dataclass(frozen=True)
-class Down:
-    """Why the engine is not serving, and when the next start is due."""
-
-    reason: str
-    remote: bool
-    retry_at: float  # time.monotonic(); a start may be under way past it
-
-    def failure(self) -> Failure:
-        wait = max(1, math.ceil(self.retry_at - time.monotonic()))
-        what = "the target's RPC server is unreachable" if self.remote else \
-            "the engine is restarting"
-        return Failure(503, f"{what} ({self.reason}); retry later", "engine_unavailable", wait)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What /health and /metrics read, taken at one moment (Worker.snapshot)."""
-
-    totals: Totals  # a copy
-    busy: bool
-    serving: int  # requests being generated now
-    waiting: int  # queued behind them
-    parallel: int
-    cache: dict[str, int | bool]  # a copy
-    prompt_cache: CacheFigures
-    engine_pid: int | None
-    down: Down | None
 
 
 class Worker:
@@ -188,8 +140,18 @@ class Worker:
                             prompt_cache=self.prompt_cache, engine_pid=self.engine.pid,
                             down=self.down)
 
-    def submit(self, work: Work, label: str, stream: bool = True) -> Job:
-        job = Job(work, asyncio.get_running_loop(), label, stream)
+    def submit(self, work: Work, label: str, wanted: Wanted = "text") -> Job:
+        """Admit and queue `work` at once (see `admitted`)."""
+        with self.admitted() as submit:
+            return submit(work, label, wanted)
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[Submit]:
+        """A place among the requests in flight, taken before the request's own work
+        (tokenizing, templates, a grammar's compile) so that a full queue, a server
+        stopping or an engine down turns it away first (QueueFull, ShuttingDown,
+        Unavailable). Inside, `submit` queues the work; leaving without it frees the
+        place (the request failed its checks, or only counted its tokens)."""
         with self._lock:
             if self._closing:
                 self.totals.rejected += 1
@@ -201,8 +163,24 @@ class Worker:
                 self.totals.rejected += 1
                 raise QueueFull(self._retry_after())
             self._in_flight += 1
-            self._jobs.put(job)
-        return job
+        queued = False
+
+        def submit(work: Work, label: str, wanted: Wanted) -> Job:
+            nonlocal queued
+            job = Job(work, asyncio.get_running_loop(), label, wanted)
+            with self._lock:
+                if self._closing:  # it stopped meanwhile: the place goes with the answer
+                    raise ShuttingDown
+                queued = True
+                self._jobs.put(job)
+            return job
+
+        try:
+            yield submit
+        finally:
+            if not queued:
+                with self._lock:
+                    self._in_flight -= 1
 
     def _retry_after(self) -> int:
         """Seconds until a slot is likely free: the waiting jobs at the mean service time."""
@@ -284,8 +262,7 @@ class Worker:
         with self._lock:
             self._orders += 1
             order_id = self._orders
-        order = Order(order_id, job.work, "text" if job.stream else "end",
-                      self.draft_max, self.drafters)
+        order = self._order(order_id, job)
         engine = self.engine
         starts = engine.starts
         # Before the check below: a cancel from here on reaches an engine process's
@@ -315,6 +292,17 @@ class Worker:
             with self._lock:
                 self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
         self._account(job, started, outcome.result, outcome.failure)
+
+    def _order(self, order_id: int, job: Job) -> Order:
+        """The job as its slot serves it: the request's own draft settings where it gave
+        them, the server's otherwise. Every event is read only by the round-event
+        stream (apis/roundstream.py), whose last figures compare the turn with the target
+        alone."""
+        work = job.work
+        return Order(order_id, work, job.wanted,
+                     self.draft_max if work.draft_max is None else work.draft_max,
+                     self.drafters if work.drafters is None else work.drafters,
+                     compare=job.wanted == "all")
 
     def _account(self, job: Job, started: float, result: Any,
                  failed: Failure | EngineLost | None) -> None:

@@ -9,12 +9,13 @@ queue, cancellation, the engine and its failures.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ... import GenerationResult
 from ..answer import Piece, Whole
+from ..jobs import Wanted
 from ..prompts import Work
 from ..schema import APIError, ChatRequest, CompletionRequest
 
@@ -42,7 +43,11 @@ class Writer(Protocol):
 
     def start(self) -> list[SSE]: ...
 
-    def pieces(self, pieces: list[Piece]) -> list[SSE]: ...
+    def pieces(self, pieces: list[Piece], items: Sequence[object] = ()) -> list[SSE]:
+        """The text that arrived together, as the answer's pieces; `items`: the batch
+        it came in, as the job handed it over (every event, for a dialect that reads
+        them all: `wants`)."""
+        ...
 
     def end(self, tail: list[Piece], whole: Whole, result: GenerationResult,
             extra: Body) -> list[SSE]:
@@ -65,7 +70,14 @@ class Dialect(Protocol, Generic[R]):
         """The request as the engine serves it."""
         ...
 
-    def stream(self, request: R) -> bool: ...
+    def wants(self, request: R) -> Wanted:
+        """What of the generation the answer reads: its end (an answer that does not
+        stream), its text as it comes, or every event (the round-event stream)."""
+        ...
+
+    def work(self, request: R, work: Work) -> Work:
+        """The work as this API asks it (its own settings on it); most return it as is."""
+        ...
 
     def new_id(self, work: Work) -> str: ...
 

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
+
+from pydantic import ValidationError
 
 from ... import GenerationResult
 from .. import schema
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
-from ..schema import APIError, ChatRequest, Message, Tool, ToolCall
-from .base import SSE, Body, Reply, dumps
+from ..schema import MAX_MESSAGES, APIError, ChatRequest, Message, Tool, ToolCall
+from .base import SSE, Body, Reply, Wanted, dumps
 from .figures import EXTRA_KEY
 from .messages_schema import (
     ChoiceAny,
@@ -67,8 +70,11 @@ class MessagesDialect:
     def chat(self, request: MessagesRequest) -> ChatRequest:
         return to_chat(request)
 
-    def stream(self, request: MessagesRequest) -> bool:
-        return request.stream
+    def wants(self, request: MessagesRequest) -> Wanted:
+        return "text" if request.stream else "end"
+
+    def work(self, request: MessagesRequest, work: Work) -> Work:
+        return work
 
     def new_id(self, work: Work) -> str:
         return "msg_" + uuid.uuid4().hex[:24]
@@ -115,20 +121,32 @@ def to_chat(r: MessagesRequest) -> ChatRequest:
         messages.append(Message(role="system", content=_joined(r.system)))
     for i, message in enumerate(r.messages):
         messages += _turns(message, i)
+    if len(messages) > MAX_MESSAGES:  # one message of many tool_result blocks is many turns
+        raise APIError(400, f"messages: {len(messages)} turns as the engine reads them (the "
+                       "system prompt one, each tool_result block one, the text between "
+                       f"them one); at most {MAX_MESSAGES}", param="messages")
     tools = [Tool(type="function", function=schema.FunctionDef(
         name=t.name, description=t.description, parameters=t.input_schema))
         for t in r.tools] if r.tools else None
     choice, parallel = _tool_choice(r.tool_choice)
     fmt = r.output_config.format if r.output_config else None
-    return ChatRequest(
-        model=r.model, messages=messages, max_tokens=r.max_tokens, stream=r.stream,
-        stop=r.stop_sequences or None, temperature=r.temperature, top_p=r.top_p,
-        top_k=r.top_k, seed=r.seed, tools=tools, tool_choice=choice,
-        parallel_tool_calls=parallel, reasoning_effort=_effort(r),
-        response_format=None if fmt is None else schema.ResponseFormat.model_validate(
-            {"type": "json_schema", "json_schema": {"schema": fmt.schema_}}),
-        # Spelled out: mypy reads fields declared `Field(None, ...)` as required.
-        min_p=None, n=1, max_completion_tokens=None, top_logprobs=None)
+    try:
+        return ChatRequest(
+            model=r.model, messages=messages, max_tokens=r.max_tokens, stream=r.stream,
+            stop=r.stop_sequences or None, temperature=r.temperature, top_p=r.top_p,
+            top_k=r.top_k, seed=r.seed, tools=tools, tool_choice=choice,
+            parallel_tool_calls=parallel, reasoning_effort=_effort(r),
+            response_format=None if fmt is None else schema.ResponseFormat.model_validate(
+                {"type": "json_schema", "json_schema": {"schema": fmt.schema_}}),
+            # Spelled out: mypy reads fields declared `Field(None, ...)` as required.
+            min_p=None, n=1, max_completion_tokens=None, top_logprobs=None)
+    except ValidationError as exc:
+        # A limit of the engine's request that the checks here did not foresee: still
+        # the client's request, so a 400 naming the field rather than a 500.
+        first = exc.errors(include_url=False)[0]
+        loc = [str(part) for part in first["loc"]]
+        raise APIError(400, f"{'.'.join(loc)}: {first['msg']}",
+                       param=loc[0] if loc else None) from None
 
 
 def _tool_choice(choice: ToolChoice | None) -> tuple[OpenAIChoice, bool]:
@@ -265,7 +283,7 @@ class MessageEvents:
                    "usage": {"input_tokens": len(self.reply.work.tokens), "output_tokens": 0}}
         return [_event("message_start", message=message), _event("ping")]
 
-    def pieces(self, pieces: list[Piece]) -> list[SSE]:
+    def pieces(self, pieces: list[Piece], items: Sequence[object] = ()) -> list[SSE]:
         out: list[SSE] = []
         for piece in pieces:
             if isinstance(piece, ReasoningDelta):

@@ -9,12 +9,14 @@ Reasoning goes in `reasoning_content` (as llama-server and DeepSeek send it), ne
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 from ... import GenerationResult
 from ..answer import Calls, Piece, ReasoningDelta, TextDelta, Whole
+from ..prompts import Work
 from ..schema import APIError, ChatRequest, CompletionRequest, parse
-from .base import SSE, Body, Reply, Writer, dumps
+from .base import SSE, Body, Reply, Wanted, Writer, dumps
 from .figures import EXTRA_KEY
 
 Q = TypeVar("Q", ChatRequest, CompletionRequest)
@@ -74,8 +76,11 @@ class OpenAI(Generic[Q]):
     def chat(self, request: Q) -> ChatRequest | CompletionRequest:
         return request
 
-    def stream(self, request: Q) -> bool:
-        return request.stream
+    def wants(self, request: Q) -> Wanted:
+        return "text" if request.stream else "end"
+
+    def work(self, request: Q, work: Work) -> Work:
+        return work
 
     def new_id(self, work: Any) -> str:
         return ("chatcmpl-" if work.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -144,7 +149,7 @@ class Chunks:
         return [self._chunk([self._delta({"role": "assistant", "content": ""})])] \
             if self.chat else []
 
-    def pieces(self, pieces: list[Piece]) -> list[SSE]:
+    def pieces(self, pieces: list[Piece], items: Sequence[object] = ()) -> list[SSE]:
         out: list[SSE] = []
         text, reasoning = "", ""
         for p in pieces:  # pieces that came together go out as one chunk of each kind

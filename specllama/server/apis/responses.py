@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,7 @@ from ... import GenerationResult
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
 from ..schema import APIError, ChatRequest, parse
-from .base import SSE, Body, Reply, Writer, dumps
+from .base import SSE, Body, Reply, Wanted, Writer, dumps
 from .figures import EXTRA_KEY
 from .responses_schema import FunctionCallItem, MessageItem, ResponsesRequest, Turn, turns
 from .responses_store import ResponsesStore, stored
@@ -187,8 +188,11 @@ class ResponsesDialect:
     def chat(self, request: Asked) -> ChatRequest:
         return request.chat
 
-    def stream(self, request: Asked) -> bool:
-        return request.body.stream
+    def wants(self, request: Asked) -> Wanted:
+        return "text" if request.body.stream else "end"
+
+    def work(self, request: Asked, work: Work) -> Work:
+        return work
 
     def new_id(self, work: Work) -> str:
         return new_id("resp")
@@ -286,7 +290,7 @@ class Events:
         return [self._event("response.created", response=body),
                 self._event("response.in_progress", response=body)]
 
-    def pieces(self, pieces: list[Piece]) -> list[SSE]:
+    def pieces(self, pieces: list[Piece], items: Sequence[object] = ()) -> list[SSE]:
         out: list[SSE] = []
         for p in pieces:
             if isinstance(p, ReasoningDelta):

@@ -62,8 +62,10 @@
     $("key-form").hidden = true;
     $("send").disabled = false;
     document.documentElement.dataset.ready = "1";
+    // A link may offer a question (?ask=...), never send it: any site can open such a
+    // link, and the page must not spend the machine or plant a turn on a link alone.
     var ask = new URLSearchParams(location.search).get("ask");
-    if (ask) { send(ask); }  // a link that asks at once (tests, demos)
+    if (ask && !$("prompt").value) { $("prompt").value = ask; }
   }
 
   // ------------------------------------------------------------------ one turn's chips

@@ -1,4 +1,4 @@
-"""One turn's engine events as the round-event stream's SSE events (rounds.py), and the
+"""One turn's engine events as the round-event stream's SSE events (roundstream.py), and the
 turn's trace in the format `specllama generate --trace FILE.json` writes.
 
 Each event is named after the seed's picture and carries one engine event: `proposed`
@@ -13,17 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import (
+from ... import (
     DraftProposed,
-    Event,
     GenerationResult,
     RoundVerified,
     TargetToken,
     TokensAccepted,
 )
-from ..engine.loop.textstream import TokenTexts
-from ..policy.compare import Comparison
-from .apis.base import SSE, Body, dumps
+from ...engine.loop.textstream import TokenTexts
+from ...policy.compare import Comparison
+from .base import SSE, Body, dumps
 
 #: The trace format `generate --trace` writes (cli/trace.py's TRACE_FORMAT; the server
 #: may not import the CLI: the layers point one way).
@@ -65,7 +64,8 @@ class TurnEvents:
         self._totals = {"target_steps": 0, "tokens": 0, "drafted": 0, "accepted": 0}
         self._seconds = 0.0
 
-    def feed(self, item: Event | Comparison) -> list[SSE]:
+    def feed(self, item: object) -> list[SSE]:
+        """One item a job handed over; what is not an event of the turn sends nothing."""
         n = len(self.rounds) + 1
         if isinstance(item, DraftProposed):
             self._proposed = item.tokens

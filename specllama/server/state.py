@@ -1,0 +1,70 @@
+"""What the worker knows and tells: its running totals, why the engine is down and when
+it is tried again, and a snapshot of both that /health and /metrics read at one moment.
+
+Kept apart from the worker's threads (worker.py): these are plain values, copied under
+the worker's lock, so a reader on the event loop never sees a count half updated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import Stats
+from .jobs import Failure
+from .promptcache import CacheFigures
+
+
+@dataclass
+class Totals:
+    """What the server did, for /health and the summary at exit."""
+
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0  # 503: queue full, shutting down, engine down
+    engine_restarts: int = 0
+    busy_s: float = 0.0
+    stats: Stats = field(default_factory=Stats)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "cancelled": self.cancelled,
+            "failed": self.failed,
+            "rejected": self.rejected,
+            "engine_restarts": self.engine_restarts,
+            "tokens": self.stats.tokens,
+        }
+
+
+@dataclass(frozen=True)
+class Down:
+    """Why the engine is not serving, and when the next start is due."""
+
+    reason: str
+    remote: bool
+    retry_at: float  # time.monotonic(); a start may be under way past it
+
+    def failure(self) -> Failure:
+        wait = max(1, math.ceil(self.retry_at - time.monotonic()))
+        what = "the target's RPC server is unreachable" if self.remote else \
+            "the engine is restarting"
+        return Failure(503, f"{what} ({self.reason}); retry later", "engine_unavailable", wait)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /health and /metrics read, taken at one moment (Worker.snapshot)."""
+
+    totals: Totals  # a copy
+    busy: bool
+    serving: int  # requests being generated now
+    waiting: int  # queued behind them
+    parallel: int
+    cache: dict[str, int | bool]  # a copy
+    prompt_cache: CacheFigures
+    engine_pid: int | None
+    down: Down | None
