@@ -20,6 +20,9 @@ from ..schema import MAX_MESSAGES, MAX_PARTS, MAX_STOP, MAX_TOOLS, APIError
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _NOT_HERE = "is not supported by this server (specllama serve)"
+# Citations are accepted and ignored (earlier answers sent back whole): as many in all as
+# content blocks, so a body of a million `{}` is refused before validation reads them.
+MAX_CITATIONS = MAX_PARTS
 
 
 class _Strict(BaseModel):
@@ -223,34 +226,68 @@ def _decode(body: bytes) -> tuple[str, object]:
 
 
 def _check_sizes(data: dict[str, Any]) -> None:
-    """The caps Chat Completions has (the engine's request type holds them), checked
-    before anything walks the items: O(number of messages)."""
+    """The caps Chat Completions has (the engine's request type holds them), and those on
+    the content blocks and citations in all, checked before anything walks the items."""
     for name, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS),
                         ("stop_sequences", MAX_STOP)):
         value = data.get(name)
         if isinstance(value, list) and len(value) > limit:
             raise APIError(400, f"{name}: at most {limit} items here, got {len(value)}",
                            param=name)
+    tally = _Tally()
+    tally.blocks(data.get("system"), "system")
     messages = data.get("messages")
-    parts = 0
-    for message in messages if isinstance(messages, list) else []:
-        content = message.get("content") if isinstance(message, dict) else None
-        parts += len(content) if isinstance(content, list) else 0
-        if parts > MAX_PARTS:
-            raise APIError(400, f"messages: more than {MAX_PARTS} content blocks in all",
-                           param="messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        tally.blocks(message.get("content") if isinstance(message, dict) else None,
+                     f"messages.{i}.content")
+
+
+class _Tally:
+    """Content blocks (the system prompt's, the messages', the tool results') and their
+    citations, over the whole body. Each list counts by its length before its items are
+    read, so these loops visit MAX_PARTS blocks at most, whatever the body holds."""
+
+    def __init__(self) -> None:
+        self.parts = 0
+        self.citations = 0
+
+    def blocks(self, blocks: object, where: str, nested: bool = False) -> None:
+        if not isinstance(blocks, list):
+            return  # a string is one block; anything else is validation's to name
+        self.parts += len(blocks)
+        if self.parts > MAX_PARTS:
+            raise _past(where, MAX_PARTS, "content blocks")
+        for j, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                continue
+            citations = block.get("citations")
+            if isinstance(citations, list):
+                self.citations += len(citations)
+                if self.citations > MAX_CITATIONS:
+                    raise _past(f"{where}.{j}.citations", MAX_CITATIONS, "citations")
+            # A tool_result's content is text blocks, one level down (not a nesting).
+            if not nested and block.get("type") == "tool_result":
+                self.blocks(block.get("content"), f"{where}.{j}.content", nested=True)
+
+
+def _past(where: str, limit: int, what: str) -> APIError:
+    return APIError(400, f"{where}: more than {limit} {what} in all",
+                    param=where.partition(".")[0])
 
 
 def _check_surrogates(data: dict[str, Any]) -> None:
     """A lone UTF-16 surrogate (an escape without its pair) is not text: named by field."""
     for name, value in data.items():
+        # A key may be the surrogate itself: named by its escape, as UTF-8 cannot write it.
+        where = name.encode("utf-8", "backslashreplace").decode("utf-8")
         try:
             found = _SURROGATE.search(json.dumps(value, ensure_ascii=False))
         except RecursionError:
-            raise APIError(400, f"{name}: JSON nested too deeply to read", param=name) from None
+            raise APIError(400, f"{where}: JSON nested too deeply to read",
+                           param=where) from None
         if found or _SURROGATE.search(name):
-            raise APIError(400, f"{name}: holds a lone UTF-16 surrogate (an escape "
-                           "\\ud800-\\udfff without its pair), which is not text", param=name)
+            raise APIError(400, f"{where}: holds a lone UTF-16 surrogate (an escape "
+                           "\\ud800-\\udfff without its pair), which is not text", param=where)
 
 
 def _path(loc: tuple[int | str, ...]) -> list[str]:

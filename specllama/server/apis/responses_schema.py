@@ -266,8 +266,11 @@ def _refuse_fields(data: dict[str, Any]) -> None:
         if name in USED or name in IGNORED:
             continue
         if name not in NO_OP:
-            raise APIError(400, f"Unknown parameter: '{name}': not supported by this server "
-                           "(specllama serve); leave it out", param=name,
+            # A key UTF-8 cannot write (a lone surrogate, sent as "\ud800") is named by its
+            # escape: the answer naming it must encode.
+            shown = name.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise APIError(400, f"Unknown parameter: '{shown}': not supported by this server "
+                           "(specllama serve); leave it out", param=shown,
                            code="unknown_parameter")
         if not any(value == v and type(value) is type(v) for v in NO_OP[name]):
             raise unsupported(name, f"{name} {_short(value)}")
