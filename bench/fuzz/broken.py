@@ -74,12 +74,30 @@ GARBAGE = [
     b"", b"{", b"null", b"[]", b"1", b'"x"', b"true", b"[{}]", b"{}", b'{"model": "\xff\xfe"}',
     b"\xef\xbb\xbf{}", b"\x00" * 8, b"NaN", b"-Infinity", b'{"model": "m", "model": 1}',
     b'{"messages": "\\ud800"}', b"\xc0\x80",
+    # issue 63's shapes: a key that is not text, null where a default is meant
+    b'{"\\ud800": 1, "model": "m", "messages": [], "max_tokens": 1, "input": "x"}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, '
+    b'"logprobs": null, "stream": null, "n": null, "parallel_tool_calls": null}',
 ]
 BIG_GARBAGE = lazily(
     lambda: b"{" + b" " * 10_000 + b"}", lambda: b"[" * 100_000, lambda: b'{"a":' * 100_000,
     lambda: b'{"seed": ' + b"9" * 5000 + b"}",
     lambda: b"[" + b"1," * 1_500_000 + b"1]",  # over 4 MiB: 413
+    # more turns than the engine's 2,048 (each tool_result block is a turn), and a
+    # million tiny citations: each a 400 naming its field, never a 500
+    lambda: _tool_results(2049), lambda: _citations(1_000_000),
 )
+
+
+def _tool_results(n: int) -> bytes:
+    block = b'{"type": "tool_result", "tool_use_id": "t", "content": "x"},'
+    return (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": ['
+            + block * (n - 1) + block[:-1] + b"]}]}")
+
+
+def _citations(n: int) -> bytes:
+    return (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": ['
+            b'{"type": "text", "text": "x", "citations": [' + b"{}," * (n - 1) + b"{}]}]}]}")
 
 
 @st.composite

@@ -39,7 +39,7 @@ CALL_TOKENS = 80  # (a tiny test model spells a call out in about 50)
 def follow_ups(draw: st.DrawFn, model: str, max_tokens: int) -> FuzzRequest:
     """A request on a stored response: a first one (kept: store true), then a follow-up
     naming its id (previous_response_id, with now and then the output of its first call),
-    or a GET or DELETE of /v1/responses/{its id}."""
+    or a GET, HEAD or DELETE of /v1/responses/{its id}."""
     tools = draw(weighted((1, st.just(_ABSENT)), (2, st.sampled_from(SMALL_TOOLS))))
     first: dict[str, Any] = {"model": model, "input": draw(prompts()),
                              "max_output_tokens": draw(st.integers(1, max_tokens))}
@@ -47,7 +47,7 @@ def follow_ups(draw: st.DrawFn, model: str, max_tokens: int) -> FuzzRequest:
         first.update(tools=tools, tool_choice="required", parallel_tool_calls=False,
                      max_output_tokens=CALL_TOKENS)
     before = FuzzRequest("POST", RESPONSES, encode(first), kind="responses")
-    how = draw(st.sampled_from(["continue", "continue", "GET", "DELETE"]))
+    how = draw(st.sampled_from(["continue", "continue", "GET", "HEAD", "DELETE"]))
     if how != "continue":
         return FuzzRequest(how, f"{RESPONSES}/{PREVIOUS_ID}", content_type=None,
                            kind="responses stored", before=before)
