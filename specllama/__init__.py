@@ -29,6 +29,7 @@ from .engine.loop.events import (
 )
 from .engine.loop.stats import Stats
 from .engine.loop.textstream import Repeat
+from .engine.penalties import Penalties
 from .engine.sampling import SamplingParams
 from .errors import (
     ConfigError,
@@ -63,6 +64,7 @@ __all__ = [
     "IncompatiblePairError",
     "InvalidParameterError",
     "ModelLoadError",
+    "Penalties",
     "PromptEvaluated",
     "PromptProgress",
     "RoundVerified",

@@ -267,10 +267,12 @@ def test_tools_with_a_json_format_is_a_400_naming_text(server):
 def test_the_engine_paths_errors_name_this_apis_fields(server):
     """Checks shared with Chat Completions answer in this API's field names."""
     client = server.client()
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model=server.model, input="Hi", max_output_tokens=5000)
-    assert info.value.body["param"] == "max_output_tokens"
-    assert "max_output_tokens is too large" in info.value.body["message"]
+    # More than the window holds is served as what fits (as llama-server serves it).
+    r = client.responses.create(model=server.model, input="Hi", max_output_tokens=5000,
+                                temperature=0)
+    assert r.status in ("completed", "incomplete")
+    if r.status == "incomplete":
+        assert r.incomplete_details.reason == "max_output_tokens"
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=server.model, input=ASK, tools=[ADD, ADD])
     assert info.value.body["param"] == "tools" and "tools[1].name" in info.value.body["message"]

@@ -24,8 +24,8 @@ from bench.fuzz.responses import responses_bodies
 
 # OpenAI's fields that specllama refuses, with values that do something (schema.UNSUPPORTED)
 UNSUPPORTED: dict[str, list[Any]] = {
-    "logit_bias": [{"50256": -100}, {"1": 1e-38}], "presence_penalty": [0.5],
-    "frequency_penalty": [-2.0], "best_of": [2], "echo": [True], "suffix": ["x"],
+    "logit_bias": [{"50256": -100}, {"1": 1e-38}], "mirostat": [2], "typical_p": [0.5],
+    "dry_multiplier": [0.8], "best_of": [2], "echo": [True], "suffix": ["x"],
     "functions": [[{"name": "f"}]], "function_call": [{"name": "f"}], "audio": [{}],
     "modalities": [["text", "audio"]], "prediction": [{"type": "content", "content": "x"}],
 }

@@ -91,11 +91,12 @@ def sampling_fields() -> dict[str, tuple[tuple[int, int], st.SearchStrategy[Any]
         "n": (SELDOM, st.just(1)),
         "response_format": (OFTEN, response_formats()),
         "user": (SELDOM, texts(10)),
-        # OpenAI's fields that specllama refuses unless they hold their no-op value (which
-        # the near-well-formed requests change)
+        # refused unless at its no-op value (which the near-well-formed requests change)
         "logit_bias": (SELDOM, st.just({})),
-        "presence_penalty": (SELDOM, st.sampled_from([0, 0.0])),
-        "frequency_penalty": (SELDOM, st.just(0)),
+        # the penalties, honoured (engine/penalties.py)
+        "presence_penalty": (SELDOM, st.sampled_from([0, 0.0, 0.5, -2.0])),
+        "frequency_penalty": (SELDOM, st.sampled_from([0, 1.0])),
+        "repeat_penalty": (SELDOM, st.sampled_from([1.0, 1.3])),
     }
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import ContextOverflowError, InvalidParameterError
 from .constraint import Constraint, ConstraintSpec
 from .drafting import kinds
@@ -71,6 +73,7 @@ class SpeculativeDecoder:
         self.policy_state: dict[str, object] = {}
         # What lookups copy from beyond the context: earlier calls' outputs, a corpus.
         self.draft_cache = DraftCache()
+        self._eog: np.ndarray | None = None  # the target's end-of-generation ids (_masks)
 
     @classmethod
     def load(
@@ -155,13 +158,14 @@ class SpeculativeDecoder:
         logprobs: int | None = None,
         draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
+        ignore_eos: bool = False,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
                              drafters=drafters, constraint=constraint,
                              logprobs=logprobs, draft_cache=draft_cache,
-                             draft_prompt=draft_prompt)
+                             draft_prompt=draft_prompt, ignore_eos=ignore_eos)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -181,6 +185,7 @@ class SpeculativeDecoder:
         logprobs: int | None = None,
         draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
+        ignore_eos: bool = False,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -201,8 +206,9 @@ class SpeculativeDecoder:
         temperature > 0); False: from this call's context alone. Either way the output joins
         the cache. draft_prompt: for a cross-vocabulary pair, the draft's own tokens for the
         prompt (its chat template's rendering of the same conversation, see
-        `draft_prompt_for`); None: it reads the target's text. Bad arguments raise here,
-        before generating.
+        `draft_prompt_for`); None: it reads the target's text. ignore_eos: the target's
+        end-of-generation tokens cannot end the answer (`_masks`). Bad arguments raise
+        here, before generating.
         """
         params = sampling or SamplingParams()
         validate_setting("max_tokens", max_tokens)
@@ -212,15 +218,14 @@ class SpeculativeDecoder:
         names = self.default_drafters if drafters is None else \
             who_drafts(drafters, self.draft_model, self.target.path.name)
         committed = self._prompt(prompt)
-        matcher = None if constraint is None else \
-            Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
+        matcher, banned = self._masks(constraint, ignore_eos)
         chain = self._chain(names, params, draft_max, draft_cache,
                             matcher if draft_max != 0 else None)
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         generation = Generation(
             self.target, chain, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
             params=params, policy=policy, stop=stop, keep_cache=keep_cache,
-            constraint=matcher, logprobs=logprobs, draft_model=self.draft,
+            constraint=matcher, logprobs=logprobs, draft_model=self.draft, banned=banned,
         )
         stream = GenerationStream()
         aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]
@@ -237,6 +242,25 @@ class SpeculativeDecoder:
                 f"{self.n_ctx}; raise n_ctx or shorten the prompt"
             )
         return committed
+
+    def _masks(self, constraint: ConstraintSpec | None,
+               ignore_eos: bool) -> tuple[Constraint | None, np.ndarray | None]:
+        """The constraint's matcher, and the ids ignore_eos bans: the target's
+        end-of-generation tokens, at -inf on every row of the target (llama-server's logit
+        bias), so its law is p without them; a draft of one meets p = 0 and is rejected.
+        Not both: a constraint's end is such a token, and it might allow nothing else."""
+        if ignore_eos and constraint is not None:
+            raise InvalidParameterError(
+                f"ignore_eos cannot be combined with a constraint (the {constraint.describe()} "
+                "ends the output with an end-of-generation token)")
+        matcher = None if constraint is None else \
+            Constraint(constraint, self.target.grammar_tokenizer(), self.target.n_vocab)
+        if not ignore_eos:
+            return matcher, None
+        if self._eog is None:  # once per decoder: a ctypes call per id of the vocabulary
+            self._eog = np.array([t for t in range(self.target.n_vocab)
+                                  if self.target.is_eog(t)], dtype=np.int64)
+        return matcher, self._eog
 
     def _chain(self, names: Drafters, params: SamplingParams, draft_max: DraftMax,
                draft_cache: bool, constraint: Constraint | None) -> DraftChain:

@@ -5,7 +5,9 @@ target's processed distribution, `q` the draft's, `residual` the distribution a
 rejected position is resampled from. Every random draw takes an injected
 `np.random.Generator`, so all of this is testable without a model.
 
-Processing order (the same for p and q): temperature, then top-k, top-p, min-p.
+Processing order (the same for p and q): the repetition penalties (penalties.py, applied
+by whoever reads the row, who knows the text before it), temperature, then top-k, top-p,
+min-p.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidParameterError
+from .penalties import Penalties
 
 # Candidates examined before falling back to a full sort for top-p; nucleus
 # sets on real vocabularies are almost always far smaller.
@@ -28,16 +31,21 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How a token is drawn from logits. temperature 0 means greedy (argmax)."""
+    """How a token is drawn from logits. temperature 0 means greedy (argmax). penalties:
+    the repetition penalties, None where they change nothing (a `Penalties` that changes
+    nothing becomes None, so the round loop's one check per row is `is not None`)."""
 
     temperature: float = 0.8
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    penalties: Penalties | None = None
 
     def __post_init__(self) -> None:
         validate_sampling(self)
+        if self.penalties is not None and not self.penalties.active:
+            object.__setattr__(self, "penalties", None)  # frozen: normalised once, here
 
     @property
     def greedy(self) -> bool:
@@ -58,6 +66,9 @@ def validate_sampling(params: SamplingParams) -> None:
     seed = params.seed
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
+    if params.penalties is not None and not isinstance(params.penalties, Penalties):
+        raise InvalidParameterError(
+            f"penalties must be a Penalties or None, got {params.penalties!r}")
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -18,6 +18,7 @@ from ..errors import ConstraintError, InvalidParameterError
 from .constraint import ConstraintSpec
 from .drafting.chain import Drafters
 from .llama.rpc import endpoint_problem
+from .penalties import OPENAI_RANGE, Penalties
 from .sampling import SamplingParams
 
 Check = Callable[[Any], "tuple[Any, str | None]"]
@@ -77,7 +78,7 @@ def _int_at_least(minimum: int) -> Check:
 
 
 def _float_in(lo: float, hi: float | None, *, lo_open: bool = False) -> Check:
-    rule = f"must be >= {lo:g}" if hi is None else \
+    rule = f"must be {'>' if lo_open else '>='} {lo:g}" if hi is None else \
         f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
 
     def check(value: Any) -> tuple[Any, str | None]:
@@ -252,6 +253,21 @@ class Settings:
                         _float_in(0.0, 1.0, lo_open=True))
     min_p: float = _row(0.0, float, "Drop tokens below min_p × the top probability.",
                         _float_in(0.0, 1.0))
+    # Repetition penalties (engine/penalties.py), llama.cpp's and OpenAI's; exact under
+    # speculation: docs/architecture.md, "Repetition penalties".
+    repeat_penalty: float = _row(
+        1.0, float, "Divide the logit of each token seen in the last --repeat-last-n tokens "
+        "by this (multiply a negative one), as llama.cpp does (1 = off).",
+        _float_in(0.0, None, lo_open=True))
+    repeat_last_n: int = _row(64, int, "Tokens of the text, prompt included, the penalties "
+                              "look back on (-1 = all of it, 0 = penalties off).",
+                              _int_at_least(-1))
+    presence_penalty: float = _row(0.0, float, "Subtract this from the logit of each token "
+                                   "seen in that window (OpenAI's; 0 = off).",
+                                   _float_in(*OPENAI_RANGE))
+    frequency_penalty: float = _row(0.0, float, "Subtract this times the token's count in "
+                                    "that window (OpenAI's; 0 = off).",
+                                    _float_in(*OPENAI_RANGE))
     max_tokens: int = _row(256, int, "Tokens to generate at most.", _int_at_least(1))
     seed: int | None = _row(None, int, "Random seed: with a fixed --draft-max, same seed, same "
                             "output; under auto, drafts follow measured timings, so outputs may "
@@ -292,8 +308,11 @@ class Settings:
 
     @property
     def sampling(self) -> SamplingParams:
+        penalties = Penalties(self.repeat_penalty, self.repeat_last_n,
+                              self.presence_penalty, self.frequency_penalty)
         return SamplingParams(temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+                              top_p=self.top_p, min_p=self.min_p, seed=self.seed,
+                              penalties=penalties)
 
 
 SETTINGS: dict[str, Setting] = {

@@ -210,6 +210,7 @@ class Slot(InProcess):
             keep_cache=True,  # a resent conversation is evaluated from where it differs
             constraint=work.constraint,
             logprobs=work.logprobs,
+            ignore_eos=work.ignore_eos,
             draft_prompt=self.decoder.draft_prompt_for(
                 [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
         )

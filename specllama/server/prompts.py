@@ -14,6 +14,7 @@ from .. import (
     ConstraintSpec,
     Drafters,
     InvalidParameterError,
+    Penalties,
     Repeat,
     SamplingParams,
 )
@@ -72,6 +73,9 @@ class Work:
     # by the settings table (engine/settings.py); None: the server's.
     draft_max: int | str | None = None
     drafters: Drafters | None = None
+    # llama-server's ignore_eos: the end-of-generation tokens cannot end the answer (the
+    # target's law without them: engine/decoder.py, `_masks`).
+    ignore_eos: bool = False
 
 
 def build_work(
@@ -81,10 +85,11 @@ def build_work(
     turns: tuple[tuple[str, str], ...] = ()
     use, spec = None, None
     found: Markers | None = None  # a completion's prompt is the client's: not split
+    source = _one_constraint(req)  # before any is compiled
     if isinstance(req, ChatRequest):
         kind: Literal["chat", "completion"] = "chat"
-        _one_constraint(req)
-        use, spec = tool_use(req)
+        # With tools, a JSON format is the other answer the tools' grammar admits.
+        use, spec = tool_use(req, requested(req, None) if source == "tools" else None)
         tokens, extra_stop, found = chat_tokens(vocab, req, defaults.reasoning_format)
         param = "messages"
         if not extra_stop and not _has_tools(req):  # rendered by the target's template
@@ -92,6 +97,25 @@ def build_work(
     else:
         kind, tokens, extra_stop, param = "completion", _tokenize(vocab, req.text()), (), \
             "prompt"
+    _check_prompt(tokens, n_ctx, param)
+    max_tokens = _token_limit(req, n_ctx) or defaults.max_tokens
+    sampling = _sampling(req, defaults.sampling)
+    if spec is None:
+        spec = requested(req, defaults.constraint)
+    if req.ignore_eos and spec is not None:
+        raise APIError(400, f"ignore_eos cannot be combined with {_whose(source)}: a "
+                       "constraint ends the output with an end-of-generation token",
+                       param="ignore_eos", code="unsupported_parameter")
+    if spec is not None and found is not None:
+        spec = _after_reasoning(spec, found, source)
+    # Several calls in one answer: a call made a second time ends the answer (tools.py).
+    repeat = (REPEATED_CALL,) if use is not None and use.parallel else ()
+    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop + repeat, spec,
+                req.n_logprobs, turns, use, found, ignore_eos=req.ignore_eos)
+
+
+def _check_prompt(tokens: list[int], n_ctx: int, param: str) -> None:
+    """The client's 400 for a prompt with nothing in it or no room left after it."""
     if not tokens:
         raise APIError(400, "the prompt is empty", param=param)
     if len(tokens) >= n_ctx:
@@ -102,51 +126,77 @@ def build_work(
             param=param,
             code="context_length_exceeded",
         )
+
+
+def _token_limit(req: ChatRequest | CompletionRequest, n_ctx: int) -> int | None:
+    """The tokens asked for (llama-server's n_predict first, as it reads it; -1: as many
+    as fit). More than the window holds is served as llama-server and Ollama serve Claude
+    Code's 32000: the answer runs until the window is full (finish "context": OpenAI's
+    "length", Anthropic's model_context_window_exceeded); n_ctx never ends it sooner."""
     asked = req.token_limit
-    if asked is not None and asked > n_ctx:
-        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) \
-            else "max_tokens"
-        raise APIError(
-            400, f"{name} is too large: {asked}; the context window holds {n_ctx} tokens",
-            param=name,
-        )
-    max_tokens = asked or defaults.max_tokens
-    base = defaults.sampling
+    if req.n_predict is not None:
+        if req.n_predict == 0 or req.n_predict < -1:
+            raise APIError(400, f"n_predict must be -1 (as many tokens as fit) or at least "
+                           f"1, not {req.n_predict}", param="n_predict")
+        asked = n_ctx if req.n_predict == -1 else req.n_predict
+    return None if asked is None else min(asked, n_ctx)
+
+
+def _sampling(req: ChatRequest | CompletionRequest, base: SamplingParams) -> SamplingParams:
+    """The request's sampling over the server's; a value out of range is its 400."""
     try:
-        sampling = SamplingParams(
+        return SamplingParams(
             temperature=base.temperature if req.temperature is None else req.temperature,
             top_k=base.top_k if req.top_k is None else req.top_k,
             top_p=base.top_p if req.top_p is None else req.top_p,
             min_p=base.min_p if req.min_p is None else req.min_p,
             seed=base.seed if req.seed is None else req.seed,
+            penalties=_penalties(req, base.penalties or Penalties()),
         )
     except InvalidParameterError as exc:
         raise APIError(400, str(exc)) from None
-    if spec is None:
-        spec = constraint(req.response_format, defaults.constraint)
-    if spec is not None and found is not None:
-        spec = _after_reasoning(spec, found, req, use is not None)
-    # Several calls in one answer: a call made a second time ends the answer (tools.py).
-    repeat = (REPEATED_CALL,) if use is not None and use.parallel else ()
-    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop + repeat, spec,
-                req.n_logprobs, turns, use, found)
 
 
-def _after_reasoning(spec: ConstraintSpec, found: Markers, req: ChatRequest | CompletionRequest,
-                     tools: bool) -> ConstraintSpec:
+def _penalties(req: ChatRequest | CompletionRequest, base: Penalties) -> Penalties:
+    """The request's penalties over the server's (SamplingParams drops them if off)."""
+    repeat = req.repeat_penalty if req.repeat_penalty is not None else req.repetition_penalty
+    return Penalties(
+        repeat=base.repeat if repeat is None else repeat,
+        last_n=base.last_n if req.repeat_last_n is None else req.repeat_last_n,
+        presence=base.presence if req.presence_penalty is None else req.presence_penalty,
+        frequency=base.frequency if req.frequency_penalty is None else req.frequency_penalty)
+
+
+def _after_reasoning(spec: ConstraintSpec, found: Markers, source: str | None) -> ConstraintSpec:
     """The constraint on the answer only, the reasoning before it free; compiled now,
-    as `constraint` compiles the request's own."""
-    param = "tools" if tools else "response_format"
+    as `constraint` compiles the request's own. source: the request's field that asked
+    for it (None: the server's own)."""
     try:
         wrapped = constrain_answer(spec, found)
         wrapped.grammar()
     except ConstraintError as exc:
-        whose = param if tools or req.response_format is not None else \
-            "the server's --json-schema/--grammar/--regex"
-        raise APIError(400, f"{whose} cannot follow this model's reasoning ({exc}); "
+        raise APIError(400, f"{_whose(source)} cannot follow this model's reasoning ({exc}); "
                        "restart the server with --reasoning-format none to constrain the "
-                       "whole output", param=param) from None
+                       "whole output", param=source or "response_format") from None
     return wrapped
+
+
+def _whose(source: str | None) -> str:
+    return source or "the server's --json-schema/--grammar/--regex"
+
+
+def requested(req: ChatRequest | CompletionRequest,
+              default: ConstraintSpec | None) -> ConstraintSpec | None:
+    """The request's constraint besides its tools: llama-server's `grammar` (GBNF text)
+    or `json_schema` ({}: any object, as llama-server reads it), else its
+    response_format (`constraint`); `_one_constraint` has seen that at most one is set."""
+    if req.grammar:  # "": none, as llama-server reads it
+        return _compiled(ConstraintSpec("grammar", req.grammar), "grammar", None)
+    if req.json_schema is not None:
+        spec = ConstraintSpec.json_schema(req.json_schema) if req.json_schema else \
+            ConstraintSpec("json_object")
+        return _compiled(spec, "json_schema", "invalid_json_schema")
+    return constraint(req.response_format, default)
 
 
 def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> ConstraintSpec | None:
@@ -156,32 +206,62 @@ def constraint(fmt: ResponseFormat | None, default: ConstraintSpec | None) -> Co
     if fmt is None:
         return default
     if fmt.type == "text":
+        if fmt.schema_ is not None:
+            raise APIError(400, "response_format.schema needs the type json_object or "
+                           "json_schema, not text", param="response_format")
         return None
+    schema = _format_schema(fmt)
+    spec = ConstraintSpec("json_object") if schema is None else ConstraintSpec.json_schema(schema)
+    return _compiled(spec, "response_format", "invalid_json_schema")
+
+
+def _format_schema(fmt: ResponseFormat) -> dict[str, Any] | None:
+    """The schema a JSON response format follows (None: any object): OpenAI's
+    json_schema.schema, or llama-server's schema beside the type (an empty one: any
+    object with json_object, as llama-server reads it)."""
+    wrapped = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+    if wrapped is not None and fmt.schema_ is not None:
+        raise APIError(400, "response_format holds two schemas, schema and json_schema.schema;"
+                       " send one", param="response_format", code="unsupported_parameter")
     if fmt.type == "json_object":
-        spec = ConstraintSpec("json_object")
-    else:
-        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise APIError(400, "response_format.json_schema.schema is missing: a json_schema "
-                           "response format needs the schema", param="response_format")
-        spec = ConstraintSpec.json_schema(fmt.json_schema.schema_)
+        return fmt.schema_ or None
+    if wrapped is None and fmt.schema_ is None:
+        raise APIError(400, "response_format.json_schema.schema is missing: a json_schema "
+                       "response format needs the schema", param="response_format")
+    return wrapped if wrapped is not None else fmt.schema_
+
+
+def _compiled(spec: ConstraintSpec, param: str, code: str | None) -> ConstraintSpec:
     try:
         spec.grammar()
     except ConstraintError as exc:
-        raise APIError(400, f"response_format: {exc}", param="response_format",
-                       code="invalid_json_schema") from None
+        raise APIError(400, f"{param}: {exc}", param=param, code=code) from None
     return spec
 
 
-def _one_constraint(req: ChatRequest) -> None:
-    """Tools in use constrain the answer to their calls (and, under "auto", to free
-    text): a response_format could only be dropped, so it is refused by name instead,
-    before either is compiled."""
+def _one_constraint(req: ChatRequest | CompletionRequest) -> str | None:
+    """The request's field that constrains the output (None: none does). Each constrains
+    the whole of it and one could only be dropped, so two are refused by name instead,
+    before either is compiled. Tools in use constrain the answer to their calls (and,
+    under "auto", to free text)."""
     fmt = req.response_format
-    if req.tools and req.tool_choice != "none" and fmt is not None and fmt.type != "text":
-        raise APIError(400, f"response_format {fmt.type!r} cannot be combined with tools: "
-                       "the answer follows the tools' call format; leave one out (or send "
-                       'tool_choice: "none" to answer in the response_format)',
-                       param="response_format", code="unsupported_parameter")
+    given = [name for name, on in (
+        ("grammar", bool(req.grammar)), ("json_schema", req.json_schema is not None),
+        ("response_format", fmt is not None and fmt.type != "text"),
+        ("tools", isinstance(req, ChatRequest) and bool(req.tools)
+         and req.tool_choice != "none")) if on]
+    if len(given) < 2:
+        return given[0] if given else None
+    param = [name for name in given if name != "tools"][-1]
+    if given[-1] != "tools" or len(given) > 2:
+        raise APIError(400, f"{' and '.join(given)} cannot be combined: each constrains the "
+                       "whole output; send one", param=param, code="unsupported_parameter")
+    if param == "grammar":  # a GBNF grammar cannot be one branch of the tools' Lark one
+        raise APIError(400, "grammar cannot be combined with tools: the answer follows the "
+                       "tools' call format; leave one out (or send tool_choice: \"none\")",
+                       param=param, code="unsupported_parameter")
+    # A JSON format with tools: the answer is calls or JSON of that format (tools.py).
+    return "tools"
 
 
 def _tokenize(vocab: Vocabulary, text: str) -> list[int]:

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 # Pydantic error types that mean "a value out of range" rather than "the wrong shape".
 _RANGE_ERRORS = {
@@ -71,6 +71,11 @@ class APIError(Exception):
 class _Body(BaseModel):
     # Clients send fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does.
     model_config = ConfigDict(extra="ignore")
+
+
+def _null_is(default: Any) -> BeforeValidator:
+    """JSON null read as the field's default, as OpenAI reads it (`"stream": null`)."""
+    return BeforeValidator(lambda value: default if value is None else value)
 
 
 class TextPart(_Body):
@@ -133,10 +138,12 @@ class JSONSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
-    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema."""
+    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema;
+    and llama-server's `schema` beside the type (`{"type": "json_object", "schema": ...}`)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
 # Fields of OpenAI's API that change what a model returns and that specllama does not do:
@@ -147,20 +154,28 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
+    # llama-server's samplers that specllama does not have (docs/apis.md): each off at
+    # its no-op value. A sampler's other fields (dry_base, xtc_threshold, mirostat_tau,
+    # dynatemp_exponent, ...) change nothing while it is off, as in
+    # llama.cpp, so they pass; switched on, the 400 names the switch.
+    "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0),
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0),
+    "dynatemp_range": (None, 0, 0.0), "top_n_sigma": (None, -1, -1.0, 0, 0.0),
+    "min_keep": (None, 0), "samplers": (None,),  # specllama's order is fixed (docs/apis.md)
+    "n_probs": (None, 0), "post_sampling_probs": (None, False),  # here: logprobs
+    "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
 }
 
 
 class _Request(_Body):
     model: str
-    stream: bool = False
+    stream: Annotated[bool, _null_is(False)] = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -169,8 +184,23 @@ class _Request(_Body):
     max_tokens: int | None = Field(None, ge=1)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     seed: int | None = Field(None, ge=0)
-    n: int = Field(1, ge=1, le=1)  # one choice per request
+    n: Annotated[int, _null_is(1)] = Field(1, ge=1, le=1)  # one choice per request
     response_format: ResponseFormat | None = None
+    # llama-server's: a GBNF grammar, a JSON schema ({}: any object), the end-of-generation
+    # tokens unable to end the answer, and its name of max_tokens (-1: as many as fit).
+    # Plain defaults: mypy reads a `Field(None, ...)` as required of the APIs that build one.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    ignore_eos: Annotated[bool, _null_is(False)] = False
+    n_predict: int | None = None
+    # Penalties on what the text holds already (engine/penalties.py), exact under
+    # speculation: OpenAI's two and llama.cpp's repeat penalty (another server's name
+    # for it: repetition_penalty) over its window (-1: the whole text, 0: none).
+    presence_penalty: Annotated[float | None, Field(ge=-2, le=2)] = None
+    frequency_penalty: Annotated[float | None, Field(ge=-2, le=2)] = None
+    repeat_penalty: Annotated[float | None, Field(gt=0)] = None
+    repetition_penalty: Annotated[float | None, Field(gt=0)] = None
+    repeat_last_n: Annotated[int | None, Field(ge=-1)] = None
     # The most items each array field may hold (see `_check_sizes`).
     limits: ClassVar[dict[str, int]] = {"stop": MAX_STOP}
 
@@ -192,11 +222,11 @@ class _Request(_Body):
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: Annotated[bool, _null_is(False)] = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: Annotated[bool, _null_is(True)] = True
     # OpenAI's reasoning effort; "none" turns thinking off where the template can (reasoning.py)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     limits: ClassVar[dict[str, int]] = {**_Request.limits, "messages": MAX_MESSAGES,

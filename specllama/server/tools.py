@@ -53,8 +53,11 @@ class ToolUse:
     parallel: bool
 
 
-def tool_use(req: ChatRequest) -> tuple[ToolUse | None, ConstraintSpec | None]:
-    """How this request uses tools (None: it does not) and the constraint on its output."""
+def tool_use(req: ChatRequest, answer: ConstraintSpec | None = None,
+             ) -> tuple[ToolUse | None, ConstraintSpec | None]:
+    """How this request uses tools (None: it does not) and the constraint on its output.
+    `answer`: the request's JSON format (compiled already), which an answer that is not
+    a call follows under tool_choice "auto" (an agent's final output beside its tools)."""
     _distinct_names(req.tools or [])
     choice = req.tool_choice
     if not req.tools and choice not in (None, "none", "auto"):
@@ -72,7 +75,7 @@ def tool_use(req: ChatRequest) -> tuple[ToolUse | None, ConstraintSpec | None]:
                            "which is not among the tools", param="tool_choice")
         mode = "named"
     use = ToolUse(mode, req.parallel_tool_calls and mode != "named")
-    spec = ConstraintSpec("grammar", grammar(tools, use))
+    spec = ConstraintSpec("grammar", grammar(tools, use, answer))
     try:
         spec.grammar()
     except ConstraintError as exc:
@@ -93,8 +96,11 @@ def _distinct_names(tools: list[Tool]) -> None:
         seen[name] = i
 
 
-def grammar(tools: list[Tool], use: ToolUse) -> str:
-    """A Lark grammar (llguidance's, with %json) of the answers `use` admits."""
+def grammar(tools: list[Tool], use: ToolUse, answer: ConstraintSpec | None = None) -> str:
+    """A Lark grammar (llguidance's, with %json) of the answers `use` admits: calls, or
+    under "auto" free text, or JSON of `answer`'s format when there is one (a call is
+    never JSON of the format: it opens with the call's tag). A call that is required
+    has no other answer, so a format has nothing to constrain then."""
     calls = [{
         "type": "object",
         "properties": {"name": {"const": t.function.name},
@@ -104,13 +110,17 @@ def grammar(tools: list[Tool], use: ToolUse) -> str:
         "additionalProperties": False,
     } for t in tools]
     schema = {"x-guidance": JSON_OPTIONS, "anyOf": calls}
+    other = "TEXT" if answer is None else "answer"
     lines = [
-        "start: " + ("calls | TEXT" if use.choice == "auto" else "calls"),
+        "start: " + (f"calls | {other}" if use.choice == "auto" else "calls"),
         "calls: call" + ' ("\\n" call)*' * use.parallel,
         f"call: {json.dumps(OPEN)} body {json.dumps(CLOSE)}",
         f"body: %json {json.dumps(schema)}",
     ]
-    if use.choice == "auto":
+    if use.choice == "auto" and answer is not None:
+        shape = {"type": "object"} if answer.kind == "json_object" else json.loads(answer.text)
+        lines.append(f"answer: %json {json.dumps({**shape, 'x-guidance': JSON_OPTIONS})}")
+    elif use.choice == "auto":
         # Text may not open with '<' after whitespace either: the reasoning split strips
         # that whitespace, and the rest would read as a call the grammar never checked.
         lines.append("TEXT: /\\s*[^<\\s](?s:.*)/")

@@ -6,7 +6,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ...engine.constraint import ConstraintSpec
@@ -63,8 +63,7 @@ class _Bench:
 
     def generate(self, p: BenchPrompt, mode: Mode, seed: int, n: int) -> GenerationResult:
         s = self.sampling
-        params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                min_p=s.min_p, seed=seed)
+        params = replace(s, seed=seed)  # the penalties too
         if not self.carry:
             self.decoder.draft_cache.forget_session()
         return self.decoder.generate(self.encoded[p.id], max_tokens=n, sampling=params,
@@ -109,7 +108,9 @@ class _Bench:
             "max_tokens": self.max_tokens,
             "seed": self.seed0,
             "sampling": {"temperature": s.temperature, "top_k": s.top_k,
-                         "top_p": s.top_p, "min_p": s.min_p},
+                         "top_p": s.top_p, "min_p": s.min_p,
+                         # only where set: earlier reports read the same
+                         **({"penalties": asdict(s.penalties)} if s.penalties else {})},
             "warmup": warmup,
             "carry": self.carry,
             "chat_template": not self.raw and bool(d.target.chat_template()),

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..llama import DraftModel
+from ..penalties import penalized_after
 from ..sampling import SamplingParams, confidence, probabilities, sample
 
 
@@ -53,12 +54,16 @@ class AheadWorker:
         self._busy = self._closed = False
         self._stopping = threading.Event()
         self.result = Ahead()
+        self._after: Sequence[int] = ()  # the text `first` ends (for the penalties)
         self._thread = threading.Thread(target=self._serve, name="specllama-ahead", daemon=True)
         self._thread.start()
 
     def start(self, first: int, params: SamplingParams, rng: np.random.Generator,
-              limit: int) -> None:
+              limit: int, after: Sequence[int] = ()) -> None:
+        """after: the text `first` ends, the draft included (the repetition penalties'
+        window; only read where they are on)."""
         with self._cv:
+            self._after = after
             self.result, self._job, self._busy = Ahead(), (first, params, rng, limit), True
             self._stopping.clear()
             self._cv.notify_all()
@@ -110,8 +115,11 @@ class AheadWorker:
 
     def _draw(self, logits: np.ndarray, params: SamplingParams,
               rng: np.random.Generator) -> int | None:
-        """One token from q (None where the draft model is too unsure to draw one)."""
+        """One token from q (None where the draft model is too unsure to draw one); a row
+        follows the draft's text and the tokens drawn ahead before it."""
         out = self.result
+        if params.penalties is not None:
+            logits = penalized_after(logits, self._after, params.penalties, out.tokens)
         q = None if params.greedy else probabilities(logits, params)
         sure = confidence(logits, params, q)
         if q is not None and sure < self.p_min:

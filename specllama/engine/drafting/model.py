@@ -30,6 +30,7 @@ import numpy as np
 
 from ..constraint import masked
 from ..llama import DraftModel
+from ..penalties import Penalties, penalized_after
 from ..sampling import (
     check_proposal,
     confidence,
@@ -73,6 +74,13 @@ def _p_min(ask: Ask, p_min: float) -> float:
     return p_min if ask.lengths.extend is always_more else 0.0
 
 
+def _row_before(logits: np.ndarray, context: Sequence[int], j: int,
+                penalties: Penalties | None) -> np.ndarray:
+    """The row that predicted context[j], penalized for the text before it (as the
+    target's row there was, whose p the shadow compares it with)."""
+    return logits if penalties is None else penalized_after(logits, context[:j], penalties)
+
+
 @dataclass
 class _Run:
     """One round's draft in progress: each row read, each token taken."""
@@ -91,8 +99,12 @@ class _Run:
 
     def next(self, logits: np.ndarray, proposed: int | None = None) -> int | None:
         """Read one row: the token drawn from its q (a `proposed` one checked against q),
-        or None where the draft stops before it."""
+        or None where the draft stops before it. Penalized as the target's row at this
+        position is (the committed text, then the draft so far), so q is close to p."""
         ask = self.ask
+        if ask.params.penalties is not None:
+            logits = penalized_after(logits, ask.context, ask.params.penalties,
+                                     self.draft.tokens)
         if ask.constraint is not None:
             logits = masked(logits, ask.constraint.allowed())
         self.rows += 1
@@ -303,7 +315,7 @@ class ModelDrafter:
         # In turn it drafts on every thread; ahead, beside the target, on its own few.
         self._threads = self.model.n_threads
         self.model.set_threads(self.ahead_threads or self._threads)
-        self._worker.start(draft.tokens[-1], ask.params, rng, self.ahead)
+        self._worker.start(draft.tokens[-1], ask.params, rng, self.ahead, self._after)
         self._ahead_on = True
 
     def _stop_ahead(self) -> Ahead | None:
@@ -367,7 +379,9 @@ class ModelDrafter:
             return ()
         m.decode(context[kept:first], "none")
         m.decode(context[first:], "all")
-        chances = (first_draft_acceptance(m.logits_row(j - first - 1), context[j],
-                                          self.target_p[j], ask.params, _p_min(ask, self.p_min))
+        chances = (first_draft_acceptance(_row_before(m.logits_row(j - first - 1), context, j,
+                                                      ask.params.penalties),
+                                          context[j], self.target_p[j], ask.params,
+                                          _p_min(ask, self.p_min))
                    for j in alone)
         return tuple(c for c in chances if c is not None)

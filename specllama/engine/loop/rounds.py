@@ -19,6 +19,7 @@ from ..constraint import Constraint, masked
 from ..drafting.base import Ask, Draft, Start
 from ..drafting.chain import DraftChain
 from ..llama import ModelView
+from ..penalties import penalized_after
 from ..sampling import SamplingParams, Verdict, log_softmax, verify, verify_greedy
 from .events import (
     DraftProposed,
@@ -99,18 +100,23 @@ class Generation:
         constraint: Constraint | None = None,
         logprobs: int | None = None,
         draft_model: ModelView | None = None,
+        banned: np.ndarray | None = None,
     ) -> None:
         """chain: who drafts (forced tokens of `constraint` first where it has them);
         constraint: what the output must follow (every row masked by it); logprobs: keep
-        each token's log-probability and the n likeliest (None: not at all)."""
+        each token's log-probability and the n likeliest (None: not at all); banned: ids
+        at -inf on every row (ignore_eos: the end-of-generation tokens)."""
         self.target, self.chain = target, chain
         self.committed = committed  # prompt + output; both caches hold committed[:-1]
         self.generated: list[int] = []
         self.n_prompt = len(committed)
         self.n_ctx, self.max_tokens = n_ctx, max_tokens
         self.params, self.policy = params, policy
+        self.penalties = params.penalties  # None: off, and no row is copied for them
+        self._drafts: list[int] = []  # the round's draft, whose prefixes the rows follow
         self.keep_cache = keep_cache
         self.constraint = constraint
+        self.banned = banned
         self.logprobs = logprobs
         self.token_logprobs: list[TokenLogprob] = []
         self.rng = np.random.default_rng(params.seed)
@@ -198,6 +204,7 @@ class Generation:
             self.target.checkpoint(1 + len(draft.tokens))
         self.target.decode([self.committed[-1], *draft.tokens],
                            "all" if draft.tokens else "last")
+        self._drafts = draft.tokens
         rows = Rows(draft, self._row, self.params)
         if self.params.greedy:
             return verify_greedy(rows.argmax, draft.tokens), rows
@@ -311,10 +318,19 @@ class Generation:
         return Clock(self.target.decode_s, self.chain.decode_s, time.perf_counter())
 
     def _row(self, i: int) -> np.ndarray:
-        """The target's logits at row i of the verify pass, masked by the constraint at
-        the state after the draft's first i tokens."""
+        """The target's logits at row i of the verify pass, penalized for the text row i
+        follows (committed, then the draft's first i tokens), masked by the constraint at
+        the state after those tokens, the banned ids at -inf (before temperature and
+        top-k, as llama.cpp's logit bias: p renormalised without them)."""
         row = self.target.logits_row(i)
-        return row if self.constraint is None else masked(row, self.constraint.row_mask(i))
+        if self.penalties is not None:
+            row = penalized_after(row, self.committed, self.penalties, self._drafts[:i])
+        if self.constraint is not None:
+            row = masked(row, self.constraint.row_mask(i))
+        if self.banned is not None:
+            row = np.array(row)  # a view of llama.cpp's logits otherwise
+            row[self.banned] = -np.inf
+        return row
 
     def _logprob(self, i: int, token: int) -> TokenLogprob:
         """Token `token` decided at row i: the row's log-probabilities are on hand."""
