@@ -377,7 +377,8 @@ DEFAULTS_ERRORS = [
         "temprature = 0.5",
         "temprature: unknown key (did you mean 'temperature'? expected one of: n_ctx, threads, "
         "corpus, draft_cache, cross_vocab, draft_threads, draft_max, drafters, temperature, "
-        "top_k, top_p, min_p, max_tokens, seed, p_min)",
+        "top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, "
+        "frequency_penalty, max_tokens, seed, p_min)",
     ),
 ]
 

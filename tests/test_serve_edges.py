@@ -107,6 +107,7 @@ def test_a_key_that_is_not_text_is_a_400_naming_it_escaped(server):
     assert "\\ud800" in error["message"] and error["param"] == "\\ud800"
 
 
+@pytest.mark.slow  # (twelve 4 MiB schemas compiled: about 90 s on 2 cores)
 def test_stored_responses_hold_what_the_store_counts(server):
     """The store's cap (64 MiB of JSON) bounds the memory it holds: a 4 MiB schema of
     empty lists (under `examples`, which the grammar ignores) is 1.4 M Python objects

@@ -256,12 +256,19 @@ def test_what_is_not_supported_is_a_400_naming_it(server, extra, param):
     assert "not supported" in info.value.body["message"]
 
 
-def test_tools_with_a_json_format_is_a_400_naming_text(server):
-    with pytest.raises(openai.BadRequestError) as info:
-        server.client().responses.create(model=server.model, input=ASK, tools=TOOLS,
-                                         text={"format": {"type": "json_object"}})
-    assert info.value.body["param"] == "text"
-    assert info.value.body["message"].startswith("text.format 'json_object' cannot be combined")
+def test_tools_with_a_json_format_answer_with_calls_or_json(server):
+    """An agent's output type beside its tools: calls, or JSON of the format."""
+    for seed in range(3):
+        r = server.client().responses.create(
+            model=server.model, input=ASK, tools=TOOLS, temperature=1.0,
+            text={"format": {"type": "json_schema", "name": "a", "schema": YES_NO}},
+            max_output_tokens=200, extra_body={"seed": seed})
+        calls = [i for i in r.output if i.type == "function_call"]
+        if calls:
+            assert all(set(json.loads(c.arguments)) <= set(SCHEMAS[c.name]["properties"])
+                       for c in calls)
+        elif r.status == "completed":
+            assert set(json.loads(r.output_text)) == {"yes"}
 
 
 def test_the_engine_paths_errors_name_this_apis_fields(server):

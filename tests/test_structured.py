@@ -188,7 +188,7 @@ def test_response_format_json_object(server):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "no-such-type"}}}]}, "tools", "not valid"),
     ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
     ({"top_logprobs": 3}, "top_logprobs", "needs logprobs"),
 ])
 def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param, words):
