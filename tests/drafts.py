@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -60,3 +61,22 @@ def cli_report(target, draft, prompt: str) -> dict:
                                       "--temperature", "0", "--json"])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def drafting_ahead(dec, monkeypatch) -> None:
+    """`dec`'s draft model drafting ahead on a thread of its own while the target
+    verifies (drafting/ahead.py). The target's decode is slowed to several of the
+    draft's steps, as a laptop-class target's is, so that tokens are drawn ahead however
+    busy the machine is."""
+    decode = dec.target.decode
+
+    def slow(tokens, logits="last"):
+        decode(tokens, logits)
+        time.sleep(0.0003)
+
+    monkeypatch.setattr(dec.target, "decode", slow)
+    dec.set_threads(2, 1)
+    # Drafting in turn on one thread too: ggml's two threads spin-wait for each other,
+    # which on two busy cores made the tests ten times slower. What is tested, the draws
+    # made ahead on a thread of their own, does not depend on it.
+    dec.draft.set_threads(1)

@@ -7,10 +7,10 @@ acceptance rule, which shows it has the power to catch a bug.
 """
 
 import math
-import time
 
 import numpy as np
 import pytest
+from drafts import drafting_ahead
 
 import specllama.engine.sampling as sampling_module
 from specllama import Drafters, DraftProposed, Finished, SamplingParams, SpeculativeDecoder
@@ -791,18 +791,7 @@ def ahead_setup(chain_setup, monkeypatch):
     target's decode is slowed to several of the draft's steps, as a laptop-class
     target's is, so that tokens are drawn ahead however busy the machine is."""
     dec, probe, prompt = chain_setup
-    decode = dec.target.decode
-
-    def slow(tokens, logits="last"):
-        decode(tokens, logits)
-        time.sleep(0.0003)
-
-    monkeypatch.setattr(dec.target, "decode", slow)
-    dec.set_threads(2, 1)
-    # Drafting in turn on one thread too: ggml's two threads spin-wait for each other,
-    # which on two busy cores made this test ten times slower. What is tested, the draws
-    # made ahead on a thread of their own, does not depend on it.
-    dec.draft.set_threads(1)
+    drafting_ahead(dec, monkeypatch)
     yield dec, probe, prompt
     dec.set_threads(1, 0)
 

@@ -9,11 +9,11 @@ target alone, and the same test must reject rows penalized without the drafts.
 """
 
 import json
-import time
 from collections import Counter
 
 import numpy as np
 import pytest
+from drafts import drafting_ahead
 from test_cli import assert_one_line_error
 from test_exactness import goodness_of_fit
 
@@ -184,15 +184,7 @@ def test_greedy_drafts_drawn_ahead_equal_the_penalized_target_alone(pair, monkey
     the draft and what was drawn ahead before it. The target's decode is slowed, as in
     test_exactness.py, so that tokens are drawn ahead however busy the machine is."""
     dec, _ = pair
-    decode = dec.target.decode
-
-    def slow(tokens, logits="last"):
-        decode(tokens, logits)
-        time.sleep(0.0003)
-
-    monkeypatch.setattr(dec.target, "decode", slow)
-    dec.set_threads(2, 1)
-    dec.draft.set_threads(1)
+    drafting_ahead(dec, monkeypatch)
     greedy = SamplingParams(temperature=0.0, penalties=STRONG)
     ahead = 0
     try:
