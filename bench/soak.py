@@ -149,7 +149,10 @@ def engine_kill(run: Run, wait_in_flight: float = 30) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
-    while run.now() - killed < 180 and not run.done.is_set():  # (no traffic: no restart)
+    # Killed with requests in flight, the server restarts it whether or not more come:
+    # wait for that past the run's end (on a busy machine the last 503s come first).
+    # Killed idle, only traffic would notice: stop with the run.
+    while run.now() - killed < 180 and not (run.done.is_set() and not in_flight):
         status, h = health_and_status(run.serve)
         if status == 503 and record["first_503_after_s"] is None:
             record["first_503_after_s"] = round(run.now() - killed, 1)
