@@ -16,6 +16,7 @@ from . import policy as _policy  # noqa: F401  (registers "auto" and "heuristic"
 from .engine.constraint import ConstraintSpec
 from .engine.decoder import GenerationResult, GenerationStream, SpeculativeDecoder
 from .engine.drafting.chain import Drafters
+from .engine.loop.budget import ReasoningBudget
 from .engine.loop.events import (
     DraftProposed,
     Event,
@@ -67,6 +68,7 @@ __all__ = [
     "Penalties",
     "PromptEvaluated",
     "PromptProgress",
+    "ReasoningBudget",
     "RoundVerified",
     "SamplingParams",
     "SpecLlamaError",

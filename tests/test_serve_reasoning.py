@@ -503,6 +503,33 @@ def test_messages_thinking_disabled_and_enabled(server, messages):
     assert hidden.content[1:] == on.content[1:]  # the same answer, its reasoning unsaid
 
 
+def test_a_reasoning_budget_forces_the_close(server, chat, messages, tiny_model_factory):
+    """Past its budget the reasoning's close is forced (engine/loop/budget.py): Anthropic's
+    thinking.budget_tokens, and reasoning_budget in Chat Completions; 0 closes at once.
+    Unbudgeted, this model reasons for about 16 tokens (THINK)."""
+    v = Vocabulary(tiny_model_factory(seed=0, chat_template=SWITCH, think=THINK))
+    try:
+        def tokens(text: str) -> int:
+            return len(v.tokenize(text, add_bos=False))
+
+        free, budgeted = [], []
+        for seed in range(4):
+            ask = {"model": server.model, "messages": [{"role": "user", "content": ASK}],
+                   "seed": seed, "temperature": 1, "max_tokens": 60}
+            free.append(tokens(reasoning_of(chat.create(**ask).choices[0].message) or ""))
+            got = chat.create(**ask, extra_body={"reasoning_budget": 3}).choices[0].message
+            budgeted.append(tokens(reasoning_of(got) or ""))
+            said = messages.create(model=server.model, max_tokens=60, messages=ask["messages"],
+                                   thinking={"type": "enabled", "budget_tokens": 3},
+                                   extra_body={"seed": seed, "temperature": 1})
+            assert said.content[0].type == "thinking" and tokens(said.content[0].thinking) <= 3
+            none = chat.create(**ask, extra_body={"reasoning_budget": 0}).choices[0].message
+            assert not reasoning_of(none), none
+        assert max(budgeted) <= 3 < max(free), (budgeted, free)
+    finally:
+        v.close()
+
+
 @pytest.fixture(scope="module")
 def no_switch(tiny_model_factory, tmp_path_factory):
     """The template opens the reasoning and has no switch (QwQ's, DeepSeek-R1's)."""

@@ -16,6 +16,7 @@ from .drafting import kinds
 from .drafting.chain import DraftChain, Drafters, build_chain, who_drafts
 from .drafting.draftcache import DraftCache
 from .llama import DraftModel, Model
+from .loop.budget import ReasoningBudget
 from .loop.events import Event, GenerationResult
 from .loop.lengths import DraftMax, make_policy
 from .loop.rounds import Generation, GenerationStream
@@ -159,13 +160,15 @@ class SpeculativeDecoder:
         draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        reasoning_budget: ReasoningBudget | None = None,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
                              draft_max=draft_max, stop=stop, keep_cache=keep_cache,
                              drafters=drafters, constraint=constraint,
                              logprobs=logprobs, draft_cache=draft_cache,
-                             draft_prompt=draft_prompt, ignore_eos=ignore_eos)
+                             draft_prompt=draft_prompt, ignore_eos=ignore_eos,
+                             reasoning_budget=reasoning_budget)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -186,6 +189,7 @@ class SpeculativeDecoder:
         draft_cache: bool = True,
         draft_prompt: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        reasoning_budget: ReasoningBudget | None = None,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -207,14 +211,12 @@ class SpeculativeDecoder:
         the cache. draft_prompt: for a cross-vocabulary pair, the draft's own tokens for the
         prompt (its chat template's rendering of the same conversation, see
         `draft_prompt_for`); None: it reads the target's text. ignore_eos: the target's
-        end-of-generation tokens cannot end the answer (`_masks`). Bad arguments raise
-        here, before generating.
+        end-of-generation tokens cannot end the answer (`_masks`). reasoning_budget: the
+        reasoning's close marker forced once it has run its tokens (loop/budget.py). Bad
+        arguments raise here, before generating.
         """
         params = sampling or SamplingParams()
-        validate_setting("max_tokens", max_tokens)
-        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
-            raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
-                                        f"not {logprobs!r}")
+        _check_arguments(max_tokens, logprobs, reasoning_budget)
         names = self.default_drafters if drafters is None else \
             who_drafts(drafters, self.draft_model, self.target.path.name)
         committed = self._prompt(prompt)
@@ -226,6 +228,7 @@ class SpeculativeDecoder:
             self.target, chain, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
             params=params, policy=policy, stop=stop, keep_cache=keep_cache,
             constraint=matcher, logprobs=logprobs, draft_model=self.draft, banned=banned,
+            budget=reasoning_budget,
         )
         stream = GenerationStream()
         aliased = None if draft_prompt is None else [int(t) for t in draft_prompt]
@@ -320,3 +323,15 @@ class SpeculativeDecoder:
         finally:
             self.draft_cache.remember(generation.committed, generation.n_prompt)
             self.draft_cache.save()
+
+
+def _check_arguments(max_tokens: int, logprobs: int | None,
+                     reasoning_budget: ReasoningBudget | None) -> None:
+    """stream's arguments that no other layer checks: InvalidParameterError naming one."""
+    validate_setting("max_tokens", max_tokens)
+    if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
+        raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
+                                    f"not {logprobs!r}")
+    if reasoning_budget is not None and not isinstance(reasoning_budget, ReasoningBudget):
+        raise InvalidParameterError(
+            f"reasoning_budget must be a ReasoningBudget or None, not {reasoning_budget!r}")

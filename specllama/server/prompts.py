@@ -19,6 +19,7 @@ from .. import (
     SamplingParams,
 )
 from ..engine.llama import Vocabulary
+from ..engine.loop.budget import ReasoningBudget
 from .reasoning import (
     Format,
     Markers,
@@ -76,6 +77,10 @@ class Work:
     # llama-server's ignore_eos: the end-of-generation tokens cannot end the answer (the
     # target's law without them: engine/decoder.py, `_masks`).
     ignore_eos: bool = False
+    # The reasoning's close forced once it has run this budget (engine/loop/budget.py).
+    reasoning_budget: ReasoningBudget | None = None
+    # The request's field that asked for the constraint (its errors name it).
+    constraint_from: str = "response_format"
 
 
 def build_work(
@@ -111,7 +116,25 @@ def build_work(
     # Several calls in one answer: a call made a second time ends the answer (tools.py).
     repeat = (REPEATED_CALL,) if use is not None and use.parallel else ()
     return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop + repeat, spec,
-                req.n_logprobs, turns, use, found, ignore_eos=req.ignore_eos)
+                req.n_logprobs, turns, use, found, ignore_eos=req.ignore_eos,
+                reasoning_budget=_budget(vocab, found, req),
+                constraint_from=source or "response_format")
+
+
+def _budget(vocab: Vocabulary, found: Markers | None,
+            req: ChatRequest | CompletionRequest) -> ReasoningBudget | None:
+    """The request's reasoning budget in the target's tokens: its close forced once the
+    reasoning has run that many (engine/loop/budget.py). None without one, or where the
+    answer is not split into reasoning (nothing to budget)."""
+    tokens = req.reasoning_budget if isinstance(req, ChatRequest) else None
+    if tokens is None or found is None:
+        return None
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(vocab.tokenize(text, add_bos=False, special=True))
+
+    return ReasoningBudget(close=ids(found.close), tokens=tokens,
+                           open=() if found.starts_open else ids(found.open))
 
 
 def _check_prompt(tokens: list[int], n_ctx: int, param: str) -> None:

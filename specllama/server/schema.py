@@ -229,6 +229,9 @@ class ChatRequest(_Request):
     parallel_tool_calls: Annotated[bool, _null_is(True)] = True
     # OpenAI's reasoning effort; "none" turns thinking off where the template can (reasoning.py)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # Tokens of reasoning before its close is forced (Anthropic's thinking.budget_tokens;
+    # as llama-server's --reasoning-budget, for one request): reasoning.py's markers.
+    reasoning_budget: Annotated[int | None, Field(ge=0)] = None
     limits: ClassVar[dict[str, int]] = {**_Request.limits, "messages": MAX_MESSAGES,
                                         "tools": MAX_TOOLS}
 

@@ -187,7 +187,7 @@ def _unmet(result: GenerationResult, n_ctx: int, work: Work) -> APIError | None:
     complete: the client's 400, not a truncated document that looks like an answer."""
     if result.finish_reason != "context" or result.constraint_met is not False:
         return None
-    what = "response_format" if work.tools is None else "tools"
+    what = work.constraint_from
     return APIError(400, f"the context window ({n_ctx} tokens) filled before the output "
                     f"completed the {what} ({len(result.tokens)} tokens generated); "
                     "shorten the prompt", param=what, code="context_length_exceeded")

@@ -21,6 +21,7 @@ from ..drafting.chain import DraftChain
 from ..llama import ModelView
 from ..penalties import penalized_after
 from ..sampling import SamplingParams, Verdict, log_softmax, verify, verify_greedy
+from .budget import ReasoningBudget
 from .events import (
     DraftProposed,
     Event,
@@ -101,11 +102,13 @@ class Generation:
         logprobs: int | None = None,
         draft_model: ModelView | None = None,
         banned: np.ndarray | None = None,
+        budget: ReasoningBudget | None = None,
     ) -> None:
         """chain: who drafts (forced tokens of `constraint` first where it has them);
         constraint: what the output must follow (every row masked by it); logprobs: keep
         each token's log-probability and the n likeliest (None: not at all); banned: ids
-        at -inf on every row (ignore_eos: the end-of-generation tokens)."""
+        at -inf on every row (ignore_eos: the end-of-generation tokens); budget: the
+        reasoning's, its close forced on the rows past it (loop/budget.py)."""
         self.target, self.chain = target, chain
         self.committed = committed  # prompt + output; both caches hold committed[:-1]
         self.generated: list[int] = []
@@ -117,6 +120,7 @@ class Generation:
         self.keep_cache = keep_cache
         self.constraint = constraint
         self.banned = banned
+        self.budget = budget  # None once the reasoning has closed: no row checks it then
         self.logprobs = logprobs
         self.token_logprobs: list[TokenLogprob] = []
         self.rng = np.random.default_rng(params.seed)
@@ -245,6 +249,8 @@ class Generation:
         self.chain.accept(self.committed, None if draft.tokens else verdict.p)
         if self.constraint is not None:
             self.constraint.settle(self.generated)
+        if self.budget is not None and self.budget.closed(self.generated):
+            self.budget = None
         return Committed(tuple(tokens), min(drafted, len(tokens)), drafted_text, own_text)
 
     def _record(self, draft: Draft, verdict: Verdict, rows: Rows, done: Committed,
@@ -330,7 +336,17 @@ class Generation:
         if self.banned is not None:
             row = np.array(row)  # a view of llama.cpp's logits otherwise
             row[self.banned] = -np.inf
+        if self.budget is not None:
+            forced = self.budget.forced(self._budget_text(i))
+            if forced is not None:  # the close alone (the reasoning grammar allows it)
+                only = np.full(row.shape, -np.inf, dtype=row.dtype)
+                only[forced] = row[forced] if np.isfinite(row[forced]) else 0.0
+                row = only
         return row
+
+    def _budget_text(self, i: int) -> list[int]:
+        """The output row i follows: what was generated, then the draft's first i."""
+        return [*self.generated, *self._drafts[:i]]
 
     def _logprob(self, i: int, token: int) -> TokenLogprob:
         """Token `token` decided at row i: the row's log-probabilities are on hand."""

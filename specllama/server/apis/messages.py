@@ -136,6 +136,8 @@ def to_chat(r: MessagesRequest) -> ChatRequest:
             stop=r.stop_sequences or None, temperature=r.temperature, top_p=r.top_p,
             top_k=r.top_k, seed=r.seed, tools=tools, tool_choice=choice,
             parallel_tool_calls=parallel, reasoning_effort=_effort(r),
+            reasoning_budget=r.thinking.budget_tokens
+            if isinstance(r.thinking, ThinkingEnabled) else None,
             response_format=None if fmt is None else schema.ResponseFormat.model_validate(
                 {"type": "json_schema", "json_schema": {"schema": fmt.schema_}}),
             # Spelled out: mypy reads fields declared `Field(None, ...)` as required.
@@ -205,7 +207,8 @@ def _dumps(value: object, where: str) -> str:
 
 def _effort(r: MessagesRequest) -> Effort | None:
     """`thinking` and `output_config.effort` -> reasoning_effort: off when thinking is
-    disabled; on when it is enabled (the budget is not enforced); else the effort asked."""
+    disabled; on when it is enabled (its budget_tokens is the reasoning_budget); else the
+    effort asked."""
     if isinstance(r.thinking, ThinkingDisabled):
         return "none"
     asked = r.output_config.effort if r.output_config else None

@@ -124,7 +124,7 @@ Display = Literal["summarized", "omitted"]
 
 class ThinkingEnabled(_Strict):
     type: Literal["enabled"]
-    budget_tokens: int = Field(ge=1)  # a target, as Anthropic's own is: not enforced here
+    budget_tokens: int = Field(ge=1)  # the close forced past it (engine/loop/budget.py)
     display: Display | None = None
 
 
