@@ -113,8 +113,11 @@ class CostCurve:
             lo = max((m for m in ns if m < n), default=None)
             hi = min((m for m in ns if m > n), default=None)
             if lo is not None and hi is not None:
+                # lo + (hi - lo) * w, not a weighted sum: between equal points that one
+                # could come out an ulp apart, and a curve must never step down
                 w = (n - lo) / (hi - lo)
-                out.append(points[lo] * (1 - w) + points[hi] * w)
+                out.append(max(out[-1] if out else 0.0,
+                               points[lo] + (points[hi] - points[lo]) * w))
             elif lo is not None:
                 prev = max((m for m in ns if m < lo), default=None)
                 slope = (points[lo] - points[prev]) / (lo - prev) if prev is not None else 0.0
