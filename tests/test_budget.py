@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from laws import exact_joint
 from test_exactness import goodness_of_fit
 from tinymodels import THINK_TOKENS
 
@@ -82,30 +83,13 @@ def exact_budget_joint(model: Model, prompt: list[int], budget: ReasoningBudget,
                        n: int) -> dict:
     """P(x1..xn) for the target alone under the budget: each row forced where the path
     before it says so, else the target's own."""
-    joint: dict = {}
-
-    def p_after(path: tuple) -> np.ndarray:
-        row = np.array(model.logits_row(-1))
+    def p_after(path: tuple, row: np.ndarray) -> np.ndarray:
         forced = budget.forced(list(path))
         if forced is not None:
             row = np.where(np.arange(row.shape[0]) == forced, row, -np.inf)
         return probabilities(row, LAW)
 
-    def walk(path: tuple, prob: float, p: np.ndarray) -> None:
-        for x in np.flatnonzero(p > 1e-9):
-            key, mass = (*path, int(x)), prob * float(p[x])
-            if model.is_eog(int(x)) or len(key) == n:
-                joint[key] = joint.get(key, 0.0) + mass
-                continue
-            model.truncate(len(prompt) + len(path))
-            model.decode([int(x)], "last")
-            walk(key, mass, p_after(key))
-
-    model.clear()
-    model.decode(prompt, "last")
-    walk((), 1.0, p_after(()))
-    model.clear()
-    return joint
+    return exact_joint(model, prompt, n, p_after)
 
 
 def first_tokens(dec: SpeculativeDecoder, prompt: list[int], budget: ReasoningBudget,

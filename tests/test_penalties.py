@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from drafts import drafting_ahead
+from laws import exact_joint
 from test_cli import assert_one_line_error
 from test_exactness import goodness_of_fit
 
@@ -218,27 +219,8 @@ def exact_penalized_joint(model: Model, prompt: list[int], params: SamplingParam
     the prompt and the path before it (a path that ends early is a shorter key)."""
     pen = params.penalties
     assert pen is not None
-    joint: dict = {}
-
-    def p_after(path: tuple) -> np.ndarray:
-        row = penalized(model.logits_row(-1), penalty_window([*prompt, *path], pen.last_n), pen)
-        return probabilities(row, params)
-
-    def walk(path: tuple, prob: float, p: np.ndarray) -> None:
-        for x in np.flatnonzero(p > 1e-9):
-            key, mass = (*path, int(x)), prob * float(p[x])
-            if model.is_eog(int(x)) or len(key) == n:
-                joint[key] = joint.get(key, 0.0) + mass
-                continue
-            model.truncate(len(prompt) + len(path))
-            model.decode([int(x)], "last")
-            walk(key, mass, p_after(key))
-
-    model.clear()
-    model.decode(prompt, "last")
-    walk((), 1.0, p_after(()))
-    model.clear()
-    return joint
+    return exact_joint(model, prompt, n, lambda path, row: probabilities(
+        penalized(row, penalty_window([*prompt, *path], pen.last_n), pen), params))
 
 
 def first_tokens(dec: SpeculativeDecoder, prompt: list[int], runs: int, **kwargs) -> tuple:
