@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..engine.llama import Vocabulary
-from .access import authorize
+from .access import authorize, check_model
 from .apis.messages import MessagesDialect
 from .apis.openai import OpenAI
 from .apis.responses import ResponsesDialect
@@ -84,10 +84,7 @@ class _API:
 
     async def model(self, request: Request) -> Response:
         authorize(request, self.config.api_key)
-        if request.path_params["model_id"] != self.config.model_id:
-            raise APIError(404, f"the model {request.path_params['model_id']!r} does not "
-                           f"exist here; this server serves {self.config.model_id!r}",
-                           param="model", code="model_not_found")
+        check_model(request.path_params["model_id"], self.config.model_id)
         return JSONResponse(self._model_card())
 
     async def stored_response(self, request: Request) -> Response:
