@@ -3,13 +3,13 @@
     python -m bench.ablation                 # every switch, markdown table on stdout
     python -m bench.ablation "my try:probe_k=1,upper_z=1"   # extra rows, AutoTuning syntax
 
-The workloads are those of tests/test_policy.py (bench/lib/simulated.py): greedy drafts on
+The workloads are those of tests/test_policy.py (harness/simulated.py): greedy drafts on
 the F32 pair's measured loop costs, accepted at rate alpha, where the draft model's
 confidence tells which drafts match ("c") or says nothing ("n"), two with 3% of decodes
 slowed tenfold by another process ("s") and two whose calibration put T(1) 20% too high
 ("m"); 24 texts of 256 tokens each (the test's 8, and 16 more for less noise); and two
 of the synthetic Qwen3.5's MTP layer on its costs, 48-token texts accepted 97% of the
-time whatever its confidence ("mtp": bench/lib/simulated.py, copy_head_texts). A
+time whatever its confidence ("mtp": harness/simulated.py, copy_head_texts). A
 workload's texts run as calls of one decoder (the auto state carries over between them,
 as in a bench). Each cell is auto's speedup with the switch, relative to the full
 policy's; the head rows give the full policy's and the best fixed k's speedup over the
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bench.lib.common import parser, run
-from bench.lib.simulated import (
+from harness.simulated import (
     F32,
     F32_CALIBRATED_MS,
     F32_DRAFT_CURVE,

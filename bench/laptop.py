@@ -9,7 +9,7 @@ The costs are measured ones (bench/laptop_curves.json): T(k), a decode of k toke
 Llama 3.1 8B-shaped targets (Q4_K_M on 16, 8 and 4 threads, Q4_0 on 16 and 8, Q8_0 on
 16) and of two drafts, Qwen2.5 0.5B-shaped Q8_0 and Llama 3.2 1B-shaped Q4_K_M, on a
 16-core Intel Xeon (Sapphire Rapids class), with llama-bench `-p 1,2,3,4,6,8,16 -n 0
--r 3` on random-weight GGUFs of those shapes. The generations are bench/lib/simulated.py's:
+-r 3` on random-weight GGUFs of those shapes. The generations are harness/simulated.py's:
 greedy drafts accepted at rate alpha, where the draft's confidence tells which will
 match ("c") or says nothing ("n"), 16 texts of 256 tokens; each workload's texts run as
 calls of one decoder, as bench/ablation.py runs them, with the loop's noise and our own
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.lib.common import parser, run
-from bench.lib.simulated import Machine, Text, auto_calls, fixed_speedups, texts_for
+from harness.simulated import Machine, Text, auto_calls, fixed_speedups, texts_for
 from specllama.engine.loop.events import RoundVerified
 from specllama.policy import AutoDraftLength, AutoTuning
 from specllama.policy.calibration import CostCurve

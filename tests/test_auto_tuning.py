@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.lib.simulated import outcome
+from harness.simulated import outcome
 from specllama.errors import InvalidParameterError
 from specllama.policy import AutoDraftLength, AutoState, AutoTuning
 from specllama.policy.acceptance import AcceptanceEstimate

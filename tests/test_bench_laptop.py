@@ -5,7 +5,7 @@ the best fixed draft length on two laptop workloads."""
 import pytest
 
 from bench import laptop
-from bench.lib.simulated import Machine, fixed_speedups, simulate, texts_for
+from harness.simulated import Machine, fixed_speedups, simulate, texts_for
 from specllama.policy import FixedDraftLength
 
 

@@ -829,9 +829,9 @@ def test_the_ahead_test_rejects_a_draw_that_is_not_from_q(ahead_setup, monkeypat
 def test_p_min_cuts_drafting_ahead_only_without_a_stop_rule(ahead_setup):
     """Drawn ahead, as drafted in turn, `p_min` binds a fixed draft length; a policy with
     a stop rule of its own (auto) judges the tokens drawn ahead itself."""
-    from test_speculative import _PauseThenDraft
+    from test_speculative import PauseThenDraft
 
-    class OneWithItsOwnRule(_PauseThenDraft):
+    class OneWithItsOwnRule(PauseThenDraft):
         def choose(self, source="model", match=0):
             return 1
 

@@ -1,4 +1,4 @@
-"""`specllama serve`'s HTTP API under a bounded fuzzing run (bench/fuzz/): a real server
+"""`specllama serve`'s HTTP API under a bounded fuzzing run (tests/fuzz/): a real server
 on 127.0.0.1 with the tiny models; hypothesis draws well-formed requests of Chat
 Completions, Completions, the Responses API (items, function calls and their outputs,
 text.format, follow-ups on stored responses) and the Messages API (tool_use and
@@ -14,27 +14,30 @@ named and numbered up to response.completed/incomplete/failed; the Messages API'
 message_start to message_stop or an error), output under a JSON format beginning as
 JSON, no traceback in the server's log; and after the run a plain request and a stream
 of each API still get 200 and /health says ok. A failure is reported shrunk to a minimal
-request, one per kind. A longer run: `python -m bench.fuzz --examples 2000` (bench/fuzz/
+request, one per kind. A longer run: `python -m tests.fuzz --examples 2000` (tests/fuzz/
 says more).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from fuzz.check import check
+from fuzz.exchange import PREVIOUS_CALL, PREVIOUS_ID, FuzzRequest, Outcome, Raw, encode
+from fuzz.search import after_run, fuzz, tracebacks
+from fuzz.streams import server_sent_events
+from fuzz.target import Target, follow_up
 from servers import ServerProcess
 
-from bench.fuzz.check import check
-from bench.fuzz.exchange import PREVIOUS_CALL, PREVIOUS_ID, FuzzRequest, Outcome, Raw, encode
-from bench.fuzz.search import after_run, fuzz, tracebacks
-from bench.fuzz.streams import server_sent_events
-from bench.fuzz.target import Target, _following
-
 # About 25 s of requests on 2 cores when nothing fails (shrinking a failure adds more),
-# shared among the endpoints as bench/fuzz/kinds.py's parts says.
+# shared among the endpoints as tests/fuzz/kinds.py's parts says.
 EXAMPLES = 340
 MAX_TOKENS = 4
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +88,14 @@ def test_the_http_api_keeps_its_promises_under_fuzzing(server):
         assert served[feature] > 0, f"no 200 for a request with {feature}\n{summary}"
     assert served["GET /v1/responses/{id}"] + served["DELETE /v1/responses/{id}"] > 0, summary
     assert {status for _, status in report.statuses} >= {"200", "400", "404", "422"}
+
+
+def test_the_long_run_starts_from_the_root_and_explains_itself():
+    # its entry as the docs give it: a package inside tests/, which has no __init__.py
+    done = subprocess.run([sys.executable, "-m", "tests.fuzz", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m tests.fuzz") and "--examples" in done.stdout
 
 
 # ------------------------------------------------ the fuzzer's own judgement, no server
@@ -295,11 +306,11 @@ def test_a_follow_up_names_the_first_answer():
         {"previous_response_id": PREVIOUS_ID, "input": [
             {"type": "function_call_output", "call_id": PREVIOUS_CALL, "output": ""}]}))
     first = {"id": "resp_1", "output": [{"type": "function_call", "call_id": "call_9"}]}
-    assert _following(req, first).json == {"previous_response_id": "resp_1", "input": [
+    assert follow_up(req, first).json == {"previous_response_id": "resp_1", "input": [
         {"type": "function_call_output", "call_id": "call_9", "output": ""}]}
     stored = FuzzRequest("GET", f"{RESPONSES}/{PREVIOUS_ID}")
-    assert _following(stored, first).path == f"{RESPONSES}/resp_1"
-    assert _following(stored, None) == stored  # no answer: the placeholder stays
+    assert follow_up(stored, first).path == f"{RESPONSES}/resp_1"
+    assert follow_up(stored, None) == stored  # no answer: the placeholder stays
 
 
 def test_an_answer_keeps_to_the_requests_stops_tools_and_token_limit():

@@ -1,6 +1,7 @@
 """The house rules our docs promise (docs/architecture.md, "House rules"), checked on
-every run: no function over 60 lines and no module over 400 in specllama/ and bench/,
-and nothing there imports test code."""
+every run: no function over 60 lines and no module over 400 in specllama/, bench/ and
+harness/, nothing there imports test code, and tests use what they test by its public
+names."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted([*ROOT.glob("specllama/**/*.py"), *ROOT.glob("bench/**/*.py")])
+SOURCES = sorted([*ROOT.glob("specllama/**/*.py"), *ROOT.glob("bench/**/*.py"),
+                  *ROOT.glob("harness/**/*.py")])
+TESTS = sorted(ROOT.glob("tests/**/*.py"))
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 
@@ -42,3 +45,27 @@ def test_the_product_and_the_benches_import_no_test_code():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not [n for n in names if n == "tests" or n.startswith("tests.")], path
+
+
+def private_imports(source: str, ours: set[str]) -> list[str]:
+    """`module.name` of each underscored name imported from our own code: the product,
+    the benches, the harness or another test module (a library's are its business)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] in ours:
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_the_private_import_rule_catches_one():
+    assert private_imports("from bench.x import _f, g\nfrom numpy import _y\n",
+                           {"bench"}) == ["bench.x._f"]
+
+
+def test_tests_import_no_private_names():
+    ours = {"specllama", "bench", "harness", *(p.stem for p in TESTS)}
+    found = {str(p.relative_to(ROOT)): private_imports(p.read_text(encoding="utf-8"), ours)
+             for p in TESTS}
+    assert {path: names for path, names in found.items() if names} == {}

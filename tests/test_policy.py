@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.lib.simulated import (
+from harness.simulated import (
     QWEN35_MTP,
     auto_calls,
     auto_speedup,

@@ -311,7 +311,7 @@ def test_fixed_k_evaluates_the_draft_prompt_up_front(dec):
     events.close()
 
 
-class _PauseThenDraft:
+class PauseThenDraft:
     """Plain target steps for `paused` rounds, then drafts of 2; keeps every outcome."""
 
     def __init__(self, paused: int) -> None:
@@ -346,7 +346,7 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     draft's first-draft acceptance at each of them: greedy, whether its argmax was the
     target's token; sampled, min(1, q(x)/p(x)), with p and q read here by teacher forcing."""
     prompt = dec.tokenize("Once upon a time")
-    policy = _PauseThenDraft(12)
+    policy = PauseThenDraft(12)
     res = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=policy)
     if sampling.greedy:
         assert res.tokens == dec.generate(prompt, max_tokens=30, sampling=GREEDY,
@@ -387,7 +387,7 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     p_min = float(np.median(tops))
     dec.p_min = p_min
     try:
-        policy, ruled = _PauseThenDraftNoRule(12), _PauseThenDraft(12)
+        policy, ruled = PauseThenDraftNoRule(12), PauseThenDraft(12)
         again = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=policy)
         ruled_again = dec.generate(prompt, max_tokens=30, sampling=sampling, draft_max=ruled)
     finally:
@@ -400,7 +400,7 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     assert ruled.outcomes[12].work.shadow == pytest.approx(expected, rel=1e-3, abs=1e-4)
 
 
-class _PauseThenDraftNoRule(_PauseThenDraft):
+class PauseThenDraftNoRule(PauseThenDraft):
     """The same, without a stop rule: drafts run to 2 unless p_min cuts them."""
 
     extend = staticmethod(always_more)
@@ -416,7 +416,7 @@ def test_p_min_cuts_the_drafts_of_a_fixed_length_not_of_a_stop_rule(dec):
     dec.p_min = 1.0  # no top token reaches it
     try:
         fixed = dec.generate(prompt, max_tokens=20, sampling=sampling, draft_max=2)
-        ruled = _PauseThenDraft(0)
+        ruled = PauseThenDraft(0)
         dec.generate(prompt, max_tokens=20, sampling=sampling, draft_max=ruled)
     finally:
         dec.p_min = 0.0
@@ -440,6 +440,6 @@ def test_a_greedy_draft_reads_its_confidence_only_for_a_stop_rule(dec, monkeypat
     assert fixed.stats.drafted > 0 and calls == []
 
     ruled = dec.generate("The quick brown fox", max_tokens=12, sampling=GREEDY,
-                         draft_max=_PauseThenDraft(paused=0))  # its own extend: a rule
+                         draft_max=PauseThenDraft(paused=0))  # its own extend: a rule
     assert ruled.tokens == fixed.tokens
     assert len(calls) == ruled.stats.drafted > 0

@@ -248,7 +248,7 @@ def test_logprobs_in_both_shapes(server):
 
 def test_logprobs_under_a_response_format_list_only_tokens_it_allows(server):
     """Tokens the grammar forbids have probability 0: no alternatives, and their log
-    (-inf) is no JSON number (it was a 500, found by bench/fuzz/)."""
+    (-inf) is no JSON number (it was a 500, found by the fuzzer, tests/fuzz/)."""
     answer = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
         "model": server.model, "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": 6, "logprobs": True, "top_logprobs": 20, "temperature": 0,

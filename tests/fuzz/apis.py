@@ -9,8 +9,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzz.chat import chat_bodies, completion_bodies
-from bench.fuzz.exchange import (
+from .chat import chat_bodies, completion_bodies
+from .exchange import (
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
@@ -19,8 +19,8 @@ from bench.fuzz.exchange import (
     FuzzRequest,
     encode,
 )
-from bench.fuzz.messages import messages_bodies
-from bench.fuzz.responses import responses_bodies
+from .messages import messages_bodies
+from .responses import responses_bodies
 
 # OpenAI's fields that specllama refuses, with values that do something (schema.UNSUPPORTED)
 UNSUPPORTED: dict[str, list[Any]] = {

@@ -13,17 +13,18 @@ from typing import Any
 
 import httpx
 
-from bench.fuzz.errors import _EXCEPTION
-from bench.fuzz.exchange import PREVIOUS_CALL, PREVIOUS_ID, FuzzRequest, Outcome, _json, encode
-from bench.fuzz.streams import server_sent_events
+from .errors import _EXCEPTION
+from .exchange import PREVIOUS_CALL, PREVIOUS_ID, FuzzRequest, Outcome, _json, encode
+from .streams import server_sent_events
 
 # An error event's marks: OpenAI's server_error, the Responses API's, Anthropic's api_error
 _FAILED = re.compile(r'"(server_error|api_error)"')
 
 
-def _following(req: FuzzRequest, first: Any) -> FuzzRequest:
-    """`req` with the id of the Response `first` (and the call_id of its first function
-    call) put in for the placeholders."""
+def follow_up(req: FuzzRequest, first: Any) -> FuzzRequest:
+    """The follow-up to a stored response: `req` with the id of the Response `first` (and
+    the call_id of its first function call) put in for the placeholders; `req` itself when
+    `first` is no Response."""
     if not isinstance(first, dict) or not isinstance(first.get("id"), str):
         return req
     calls = [i.get("call_id") for i in first.get("output") or []
@@ -63,7 +64,7 @@ class Target:
         before = None
         if req.before is not None:  # its answer's ids put in for the placeholders
             before = self.send(req.before)
-            req = _following(req, _json(before.text))
+            req = follow_up(req, _json(before.text))
         start = len(self.log) if self.log is not None else 0
         headers = {"content-type": req.content_type} if req.content_type else {}
         out = Outcome(before=before)

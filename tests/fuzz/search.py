@@ -15,8 +15,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from bench.fuzz.check import check
-from bench.fuzz.exchange import (
+from .check import check
+from .exchange import (
     CHAT,
     COUNT_TOKENS,
     MESSAGES,
@@ -26,10 +26,10 @@ from bench.fuzz.exchange import (
     _json,
     encode,
 )
-from bench.fuzz.kinds import parts
-from bench.fuzz.report import Report
-from bench.fuzz.target import Target
-from bench.fuzz.values import T
+from .kinds import parts
+from .report import Report
+from .target import Target
+from .values import T
 
 
 class FuzzFailure(AssertionError):

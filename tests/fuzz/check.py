@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.fuzz.errors import _counting_refusal, _server_error, _wrong_error
-from bench.fuzz.exchange import (
+from .errors import _counting_refusal, _server_error, _wrong_error
+from .exchange import (
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
@@ -17,14 +17,14 @@ from bench.fuzz.exchange import (
     Problem,
     _json,
 )
-from bench.fuzz.promises import (
+from .promises import (
     _OBJECTS,
     STOP_REASONS,
     _check_constrained,
     _message_promises,
     _response_promises,
 )
-from bench.fuzz.streams import _check_stream
+from .streams import _check_stream
 
 #: The endpoints that stream when asked to
 STREAMING = {CHAT, COMPLETIONS, RESPONSES, MESSAGES}

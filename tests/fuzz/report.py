@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.fuzz.errors import ANTHROPIC_PATHS
-from bench.fuzz.exchange import (
+from .errors import ANTHROPIC_PATHS
+from .exchange import (
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,

@@ -8,9 +8,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzz.apis import _post, api_of, apis
-from bench.fuzz.exchange import FuzzRequest, encode
-from bench.fuzz.values import lazily, texts, weird_values
+from .apis import _post, api_of, apis
+from .exchange import FuzzRequest, encode
+from .values import lazily, texts, weird_values
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

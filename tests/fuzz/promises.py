@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.fuzz.exchange import CHAT, COMPLETIONS, MESSAGES, RESPONSES, FuzzRequest, Problem, _json
+from .exchange import CHAT, COMPLETIONS, MESSAGES, RESPONSES, FuzzRequest, Problem, _json
 
 #: A Message's stop_reason, and those that cut the answer short
 STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use",

@@ -1,4 +1,4 @@
-"""The command line, `python -m bench.fuzz`: its options, and the server it fuzzes (one it
+"""The command line, `python -m tests.fuzz`: its options, and the server it fuzzes (one it
 starts, or --url's)."""
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.fuzz.report import Report
-from bench.fuzz.search import after_run, fuzz, tracebacks
-from bench.fuzz.target import Target
+from .report import Report
+from .search import after_run, fuzz, tracebacks
+from .target import Target
 
 
 def arguments_parser() -> argparse.ArgumentParser:
-    from bench import fuzz as package
     from bench.lib.common import add_pair_options, parser
 
     # described by the package's docstring; named as run (common.parser names a script
-    # by its file, here __main__.py)
-    p = parser(package.__doc__)
+    # by its file, here __main__.py): tests.fuzz from the root, fuzz from tests/
+    p = parser(sys.modules[__package__].__doc__)
     p.prog = f"python -m {__package__}"
     p.add_argument("--examples", type=int, default=1000, help="requests hypothesis draws "
                    "(more are sent while it shrinks a failure; default: %(default)s)")

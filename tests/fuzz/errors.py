@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.fuzz.exchange import COUNT_TOKENS, MESSAGES, FuzzRequest, Outcome, Problem
+from .exchange import COUNT_TOKENS, MESSAGES, FuzzRequest, Outcome, Problem
 
 #: The documented 503s' codes (queue full, engine down, shutting down)
 RETRY_CODES = {"queue_full", "engine_unavailable", "shutting_down"}

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzz.values import (
+from .values import (
     _ABSENT,
     MOSTLY,
     OFTEN,

@@ -9,9 +9,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzz.apis import Api, _post, api_of, apis
-from bench.fuzz.broken import garbage_requests, near_requests
-from bench.fuzz.exchange import (
+from .apis import Api, _post, api_of, apis
+from .broken import garbage_requests, near_requests
+from .exchange import (
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
@@ -22,7 +22,7 @@ from bench.fuzz.exchange import (
     FuzzRequest,
     encode,
 )
-from bench.fuzz.values import _ABSENT, lazily, prompts, texts, weighted
+from .values import _ABSENT, lazily, prompts, texts, weighted
 
 #: Tools whose calls are short, and the max_output_tokens of a first request that must
 #: call one (whole calls only are kept)

@@ -54,15 +54,18 @@ soon after a first failure). Then each kind of failure found (the status, the pa
 the exception the server answered or logged) is shrunk by hypothesis to a minimal
 request: it draws the same requests again from the same seed, this time failing on them.
 
-    python -m bench.fuzz --examples 2000                     # the default pair, smollm2
-    python -m bench.fuzz --target t.gguf --draft d.gguf --examples 300 --seed 1
-    python -m bench.fuzz --url http://127.0.0.1:8080 --examples 500   # a server running
+    python -m tests.fuzz --examples 2000                     # the default pair, smollm2
+    python -m tests.fuzz --target t.gguf --draft d.gguf --examples 300 --seed 1
+    python -m tests.fuzz --url http://127.0.0.1:8080 --examples 500   # a server running
 
 It starts `specllama serve` on a loopback port (`--serve-args` for more flags) and stops it
 at the end; with `--url` it fuzzes that server instead (without its log, so a 500 is named
 by its answer only). Nothing is written outside a temporary folder (no example database;
 hypothesis' caches in a temporary home) but `--json FILE`. Exit status 1 when a failure
 was found. tests/test_fuzz.py runs a bounded run on the tiny models.
+
+It is test code, so it lives in tests/ (run from the repository root, as above); the tests
+import it as `fuzz` (pytest puts tests/ on sys.path), hence the relative imports within.
 
 The package, a module a job: the requests (exchange: what is sent and answered; values:
 the strategies' building blocks; chat, responses, messages: each API's bodies; apis: the
@@ -73,4 +76,4 @@ order), and the run (target: the server; search: hypothesis' search and shrinkin
 report; cli, run by __main__).
 """
 
-from bench.fuzz.cli import main as main
+from .cli import main as main

@@ -8,8 +8,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from bench.fuzz.errors import RETRY_CODES, _which, anthropic_error_shape, error_shape
-from bench.fuzz.exchange import (
+from .errors import RETRY_CODES, _which, anthropic_error_shape, error_shape
+from .exchange import (
     CHAT,
     COMPLETIONS,
     MESSAGES,
@@ -19,7 +19,7 @@ from bench.fuzz.exchange import (
     Problem,
     _json,
 )
-from bench.fuzz.promises import (
+from .promises import (
     _OBJECTS,
     STOP_REASONS,
     _check_constrained,

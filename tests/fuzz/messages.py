@@ -8,8 +8,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzz.chat import sampling_fields
-from bench.fuzz.values import (
+from .chat import sampling_fields
+from .values import (
     MOSTLY,
     OFTEN,
     SELDOM,

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from bench.fuzz.exchange import Raw
+from .exchange import Raw
 
 ROLES = ["system", "developer", "user", "assistant", "tool"]
 SPECIAL_TEXT = [
