@@ -13,8 +13,9 @@ from bench.lib.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
 SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
-           "crossvocab", "eagle3", "following", "fuzz", "gemma4_assistant", "isolation", "laptop",
-           "llamacpp", "llamaserver", "maskcost", "hybrid", "promptcache", "rpc_latency",
+           "crossvocab", "eagle3", "following", "gemma4_assistant", "isolation", "laptop",
+           "llamacpp", "llamaserver", "maskcost", "hybrid", "overhead", "promptcache",
+           "rpc_latency",
            "sequence", "soak", "suffixcost"]
 
 
