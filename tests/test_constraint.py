@@ -225,3 +225,22 @@ def test_malformed_constraints_fail_before_generating(pair, spec, message):
     with pytest.raises(ConstraintError, match=message) as caught:
         dec.generate(prompt, max_tokens=4, constraint=spec)
     assert "\n" not in str(caught.value)
+
+
+def test_generations_of_one_constraint_share_its_compilation_not_its_state(pair):
+    """Each generation copies one compiled matcher: a state moved on in one is not in
+    the next (a server answers one schema's requests side by side), and a malformed
+    constraint is refused every time it is asked for, not only the first."""
+    dec, _, _ = pair
+    tokenizer, n_vocab = dec.target.grammar_tokenizer(), dec.target.n_vocab
+    first, second = Constraint(FORCED, tokenizer, n_vocab), Constraint(FORCED, tokenizer, n_vocab)
+    forced = first.forced(2)
+    assert forced and second.forced(2) == forced
+    first.advance(forced)
+    first.settle(forced)
+    assert first.forced(2) != forced  # moved past "12"
+    assert second.forced(2) == forced and Constraint(FORCED, tokenizer, n_vocab).forced(2) == forced
+    for _ in range(2):
+        with pytest.raises(ConstraintError, match="admits no output"):
+            Constraint(ConstraintSpec.json_schema(
+                {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"}), tokenizer, n_vocab)

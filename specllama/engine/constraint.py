@@ -16,6 +16,7 @@ as deterministic proposals (q all on them), so they cost verification, never dra
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -110,6 +111,28 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(spec: ConstraintSpec, tokenizer: Any) -> Any:
+    """A matcher of `spec` over `tokenizer` that has consumed nothing, checked once; each
+    generation takes a copy. Compiling costs about 2 ms on a tiny vocabulary and more on
+    a real one, every request of a client that sends the same schema each turn: a copy is
+    a few microseconds. (The tokenizer is built once per model: vocab.grammar_tokenizer.)"""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, spec.grammar(), log_level=0)
+    if matcher.is_error():
+        problem = _one_line(Exception(matcher.get_error()))
+        raise ConstraintError(f"the {spec.describe()} is not valid: {problem}")
+    # A grammar that admits no token at all (a schema that is only a $ref cycle)
+    # compiles; its first mask errs, and the answer would be an empty "complete" text.
+    probe = matcher.deep_copy()
+    probe.compute_bitmask()
+    if probe.is_error() and not probe.is_accepting():
+        raise ConstraintError(f"the {spec.describe()} admits no output (is it only a "
+                              "$ref cycle?)")
+    return matcher
+
+
 class Constraint:
     """One generation's constraint state over the target's vocabulary of `n_vocab` ids.
 
@@ -119,22 +142,9 @@ class Constraint:
     """
 
     def __init__(self, spec: ConstraintSpec, tokenizer: Any, n_vocab: int) -> None:
-        import llguidance
-
-        grammar = spec.grammar()
         self.spec = spec
         self.n_vocab = n_vocab
-        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if self._matcher.is_error():
-            problem = _one_line(Exception(self._matcher.get_error()))
-            raise ConstraintError(f"the {spec.describe()} is not valid: {problem}")
-        # A grammar that admits no token at all (a schema that is only a $ref cycle)
-        # compiles; its first mask errs, and the answer would be an empty "complete" text.
-        probe = self._matcher.deep_copy()
-        probe.compute_bitmask()
-        if probe.is_error() and not probe.is_accepting():
-            raise ConstraintError(f"the {spec.describe()} admits no output (is it only a "
-                                  "$ref cycle?)")
+        self._matcher = _compiled(spec, tokenizer).deep_copy()
         self._chain = 0  # tokens proposed beyond the committed output
         self._chain_consumed = 0  # of which the matcher consumed (none after its end)
         self._masks: list[np.ndarray] = []  # mask at chain positions 0.._chain (when computed)
