@@ -2,6 +2,7 @@
 generation against a bare llama_cpp loop that makes the same llama_decode calls.
 
     python -m bench.overhead [--pair smollm2] [--reps 5] [--max-tokens 192] [--k 4]
+    python -m bench.overhead --items      # what each part of a round costs, in us
 
 Two cases, greedy, on the pair's target:
 - `alone`: the target alone (draft length 0): one decode of one token per token;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+import timeit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,17 +248,56 @@ def one(dec: SpeculativeDecoder, bare: tuple[Bare, Bare], prompt: list[int], n: 
                    bare_s - bare_decode_s, (st.tokens, st.target_steps), (len(tokens), rounds))
 
 
+def items(dec: SpeculativeDecoder, prompt: list[int], k: int) -> None:
+    """Each part of a round outside llama.cpp, timed alone on the target's real rows
+    (best of 5 repeats of 200 calls: the least it costs)."""
+    from harness.simulated import F32, outcome, state_for
+    from specllama.engine.loop.stats import Stats
+    from specllama.engine.sampling import probabilities, sample_logits_and_p, verify
+    from specllama.policy import AutoDraftLength
+
+    t = dec.target
+    t.clear()
+    t.decode(prompt[: k + 1], "all")
+    rows = [np.array(t.logits_row(i)) for i in range(k + 1)]
+    sampled, rng = SamplingParams(temperature=0.8), np.random.default_rng(0)
+    qs = [probabilities(r, sampled) for r in rows[:k]]
+    drafts = [int(np.argmax(q)) for q in qs]
+    record = outcome(k, k, target_s=0.02, draft_s=0.01, seconds=0.03,
+                     confidences=(0.9,) * k, draft_rows=k)
+    policy, stats = AutoDraftLength(state_for(F32)), Stats()
+    parts = {
+        "a row's view of llama.cpp's logits": lambda: t.logits_row(0),
+        "greedy: argmax of a row": lambda: np.argmax(rows[0]),
+        "T = 0.8: p of a row (softmax, float64)": lambda: probabilities(rows[0], sampled),
+        "T = 0.8: a draw from a row": lambda: sample_logits_and_p(rows[0], sampled, rng),
+        f"T = 0.8: the rule over k = {k} drafts (p rows given)":
+            lambda: verify(lambda i: qs[min(i, k - 1)], drafts, list(qs), rng),
+        "a copy of a row (penalties, ignore_eos)": lambda: np.array(rows[0]),
+        "the round's record (RoundVerified)": lambda: outcome(k, k),
+        "the stats' update": lambda: stats.record(record),
+        "auto's update and choice": lambda: (policy.observe(record), policy.choose()),
+    }
+    print(f"{machine()}; {dec.target.path.name}: {dec.target.n_vocab} ids a row")
+    for name, part in parts.items():
+        best = min(timeit.repeat(part, number=200, repeat=5)) / 200
+        print(f"{name:<52} {best * 1e6:8.1f} us")
+
+
 def main() -> None:
     p = parser(__doc__)
     add_pair_options(p, pair="smollm2")
     add_run_options(p, reps=5, max_tokens=192, temperature=0.0)
     p.add_argument("--k", type=int, default=4, help="draft length of `self` (default: 4)")
+    p.add_argument("--items", action="store_true", help="time each part of a round instead")
     args = p.parse_args()
     target, _ = resolve_models(args)
     dec = SpeculativeDecoder.load(target, target, n_ctx=N_CTX, n_threads=args.threads,
                                   p_min=0.0)
     bare = (Bare(target, args.threads), Bare(target, args.threads))
     prompt = dec.tokenize(PROMPT)
+    if args.items:
+        return items(dec, prompt, args.k)
     t = args.temperature
     n = min(args.max_tokens, len(ours(dec, prompt, args.max_tokens, 0, t, 0).tokens))
     for k in (0, args.k):  # untimed warm-up of both loops
