@@ -12,11 +12,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from specllama.engine.decoder import AHEAD_MAX
-from specllama.engine.drafting.base import ModelWork, Source
+from specllama.engine.drafting.base import ModelWork, Origin, Source
 from specllama.engine.loop.events import RoundVerified
+from specllama.engine.loop.lengths import PolicyHost
 from specllama.policy import AutoDraftLength, AutoState, AutoTuning, FixedDraftLength
 from specllama.policy.calibration import CostCurve
 
@@ -103,7 +104,8 @@ def simulate(policy, text: Text, machine: Machine = F32, seed=0, spikes: float =
         slow = 10.0 if spikes and rng.random() < spikes else 1.0
         return x * 1e-3 * rng.lognormvariate(0, 0.08) * slow
     mc = machine
-    i, behind, total, paused, drawn = 0, 0, 0.0, [], 0
+    i, behind, total, drawn = 0, 0, 0.0, 0
+    paused: list[int] = []
     n = len(text)
     while i < n:
         k = min(policy.choose("model"), n - i - 1)
@@ -114,7 +116,8 @@ def simulate(policy, text: Text, machine: Machine = F32, seed=0, spikes: float =
         m = 0
         while m < k and text[i + m][0]:
             m += 1
-        target_s, draft_s, steps_s, shadow, caught_up = ms(mc.loop_ms[k]), 0.0, 0.0, (), 0
+        target_s, draft_s, steps_s, caught_up = ms(mc.loop_ms[k]), 0.0, 0.0, 0
+        shadow: tuple[float, ...] = ()
         if rows > 0:
             caught_up = behind
             first = mc.step_ms + mc.wake_ms + (mc.catch_up_ms * behind if behind > 1 else 0)
@@ -152,9 +155,10 @@ def outcome(k: int, accepted: int, source: Source = "model", target_s: float = 0
     """The record of a round a policy sees: k drafts after `forced` forced ones (all
     accepted), `accepted` of the k accepted, and what it cost; `ahead`: drafts drawn
     ahead, while the target verified the round before."""
-    origin = "model" if source == "model" else "context"
+    origin: Origin = "model" if source == "model" else "context"
+    forced_origin: Origin = "forced"
     return RoundVerified(
-        drafted=(0,) * (forced + k), origins=("forced",) * forced + (origin,) * k,
+        drafted=(0,) * (forced + k), origins=(*[forced_origin] * forced, *[origin] * k),
         accepted=forced + accepted, token=0,
         kind="plain" if forced + k == 0 else "bonus" if accepted == k else "correction",
         emitted=forced + accepted + 1, p=(), q=(), source=source, draft_s=draft_s,
@@ -214,7 +218,8 @@ def auto_calls(texts: list[Text], tuning: AutoTuning | None = None, machine: Mac
         target = SimpleNamespace(others=0, companions=0)  # alone in its batches
         policy_state = {"auto": held}
 
-    return statistics.mean(simulate(watch(AutoDraftLength.for_decoder(Decoder())), t, machine,
+    host = cast(PolicyHost, Decoder())  # a stand-in: what for_decoder reads, no models
+    return statistics.mean(simulate(watch(AutoDraftLength.for_decoder(host)), t, machine,
                                     seed=s, spikes=spikes) for s, t in enumerate(texts))
 
 
