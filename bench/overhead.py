@@ -252,6 +252,7 @@ def items(dec: SpeculativeDecoder, prompt: list[int], k: int) -> None:
     """Each part of a round outside llama.cpp, timed alone on the target's real rows
     (best of 5 repeats of 200 calls: the least it costs)."""
     from harness.simulated import F32, outcome, state_for
+    from specllama.engine.loop.rows import LazyP
     from specllama.engine.loop.stats import Stats
     from specllama.engine.sampling import probabilities, sample_logits_and_p, verify
     from specllama.policy import AutoDraftLength
@@ -270,6 +271,8 @@ def items(dec: SpeculativeDecoder, prompt: list[int], k: int) -> None:
         "a row's view of llama.cpp's logits": lambda: t.logits_row(0),
         "greedy: argmax of a row": lambda: np.argmax(rows[0]),
         "T = 0.8: p of a row (softmax, float64)": lambda: probabilities(rows[0], sampled),
+        "T = 0.8: p(d) of a row, normalised lazily (LazyP)":
+            lambda: LazyP(rows[0], sampled)[drafts[0]],
         "T = 0.8: a draw from a row": lambda: sample_logits_and_p(rows[0], sampled, rng),
         f"T = 0.8: the rule over k = {k} drafts (p rows given)":
             lambda: verify(lambda i: qs[min(i, k - 1)], drafts, list(qs), rng),

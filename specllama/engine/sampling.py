@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -127,6 +127,13 @@ def _scaled(logits: np.ndarray, temperature: float) -> np.ndarray:
         return np.divide(z, temperature, dtype=np.float64).astype(np.float32)
 
 
+def weights(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """exp((logits - max) / T) in float32, unnormalised, the largest 1: p without filters
+    is these over their float64 sum."""
+    z = _scaled(logits, temperature)
+    return np.exp(z, out=z)
+
+
 def _exp_shifted(z: np.ndarray) -> np.ndarray:
     """exp(z - max z), in place: unnormalised weights, the largest 1."""
     z -= np.maximum.reduce(z)
@@ -223,10 +230,9 @@ def sample_logits_and_p(
         probs = probabilities(logits, params)
         token = sample(probs, rng)
         return token, float(probs[token])
-    z = _scaled(logits, params.temperature)
-    weights = np.exp(z, out=z)
-    token, total = _draw(weights, rng)
-    return token, float(weights[token]) / total
+    w = weights(logits, params.temperature)
+    token, total = _draw(w, rng)
+    return token, float(w[token]) / total
 
 
 def confidence(logits: np.ndarray, params: SamplingParams, q: np.ndarray | None = None) -> float:
@@ -258,8 +264,9 @@ def on_target_vocab(q: np.ndarray, n_target: int) -> np.ndarray:
     return out
 
 
-def acceptance_probability(p: np.ndarray, q: np.ndarray | None, token: int) -> float:
-    """min(1, p(d)/q(d)); q=None means the draft put all its mass on `token`."""
+def acceptance_probability(p: np.ndarray | Row, q: np.ndarray | None, token: int) -> float:
+    """min(1, p(d)/q(d)); q=None means the draft put all its mass on `token`. (Of p only
+    p(d) and its length are read: a `Row` will do.)"""
     if token >= p.shape[0]:
         return 0.0  # an id only the draft has: the target gives it p = 0
     q_d = 1.0 if q is None else float(q[token])
@@ -328,8 +335,19 @@ class Verdict(NamedTuple):
     p: float
 
 
+class Row(Protocol):
+    """p of one row, as the rule reads it: p(token), and the whole vector where needed
+    (loop/rows.py's `LazyP` normalises it only then)."""
+
+    shape: tuple[int, ...]
+
+    def __getitem__(self, token: int) -> float: ...
+
+    def vector(self) -> np.ndarray: ...
+
+
 def verify(
-    p_rows: Callable[[int], np.ndarray],
+    p_rows: Callable[[int], np.ndarray | Row],
     drafts: list[int],
     qs: list[np.ndarray | None],
     rng: np.random.Generator,
@@ -340,19 +358,22 @@ def verify(
     m drafts are accepted left to right, then one more token is drawn: the correction
     from the residual at the first rejection, or a bonus token from p_{k+1} when all k
     are accepted. p rows are computed lazily so a rejection at position 1 never
-    processes the later rows. `draw(i, rng)`, when given, samples p_{i+1} directly and
-    returns the token with its p; it must equal `sample(p_rows(i), rng)` in distribution.
+    processes the later rows (a `Row` is normalised only where the residual needs all of
+    it). `draw(i, rng)`, when given, samples p_{i+1} directly and returns the token
+    with its p; it must equal `sample(p_rows(i), rng)` in distribution.
     """
     for i, d in enumerate(drafts):
-        p = p_rows(i)
-        if rng.random() < acceptance_probability(p, qs[i], d):
+        row = p_rows(i)
+        if rng.random() < acceptance_probability(row, qs[i], d):
             continue
+        p = row if isinstance(row, np.ndarray) else row.vector()
         x = sample(residual(p, qs[i], d), rng)
         return Verdict(i, x, float(p[x]))
     k = len(drafts)
     if draw is not None:
         return Verdict(k, *draw(k, rng))
-    p = p_rows(k)
+    last = p_rows(k)
+    p = last if isinstance(last, np.ndarray) else last.vector()
     x = sample(p, rng)
     return Verdict(k, x, float(p[x]))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..drafting.base import Draft
-from ..sampling import SamplingParams, probabilities, sample_logits_and_p
+from ..sampling import SamplingParams, probabilities, sample_logits_and_p, weights
 
 
 class Rows:
@@ -25,11 +25,12 @@ class Rows:
         self.p: list[float | None] = [None] * len(self.drafts)
         self.q = tuple(1.0 if q is None else _at(q, d) for d, q in zip(self.drafts, draft.qs))
 
-    def probs(self, i: int) -> np.ndarray:
-        """p_i, the target's processed distribution at row i."""
-        p = probabilities(self._logits_row(i), self._params)
+    def probs(self, i: int) -> LazyP:
+        """p_i, the target's processed distribution at row i (normalised as read)."""
+        p = LazyP(self._logits_row(i), self._params)
         if i < len(self.drafts):
-            self.p[i] = _at(p, self.drafts[i])
+            d = self.drafts[i]
+            self.p[i] = p[d] if d < p.shape[0] else 0.0
         return p
 
     def draw(self, i: int, rng: np.random.Generator) -> tuple[int, float]:
@@ -41,6 +42,37 @@ class Rows:
         if i < len(self.drafts):
             self.p[i] = 1.0 if best == self.drafts[i] else 0.0
         return best
+
+
+class LazyP:
+    """p of one verify row, normalised only as far as it is read (`sampling.Row`). The
+    rule reads p(d) of each draft it accepts: the float32 weights and their float64 sum
+    give it, without the normalised float64 vector `probabilities` builds (a quarter of a
+    row's cost at 49k ids, `bench.overhead --items`); the vector is made once something
+    needs all of it (the residual after a rejection). With top-k, top-p or min-p it is
+    `probabilities` at once. Either way p(d) is the float64 weight over the float64 sum."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        self.shape: tuple[int, ...] = logits.shape
+        self._vector: np.ndarray | None = None
+        if params.greedy or 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0 \
+                or params.min_p > 0.0:
+            self._vector = probabilities(logits, params)
+            return
+        self._weights = weights(logits, params.temperature)
+        self._total = float(np.add.reduce(self._weights, dtype=np.float64))
+
+    def __getitem__(self, token: int) -> float:
+        if self._vector is not None:
+            return float(self._vector[token])
+        return float(self._weights[token]) / self._total
+
+    def vector(self) -> np.ndarray:
+        """All of p (float64, sums to 1)."""
+        if self._vector is None:
+            self._vector = self._weights.astype(np.float64)
+            self._vector /= self._total
+        return self._vector
 
 
 def _at(dist: np.ndarray, token: int) -> float:
