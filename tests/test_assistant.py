@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from drafts import GREEDY, cli_report
 from hybridmodels import write_tiny_gemma4_pair
+from noise import split_noise, tolerance
 from test_cli import assert_one_line_error
 from test_hybrid import RUNS, pair_law
 
@@ -79,7 +80,9 @@ def test_its_drafts_after_rejections_read_as_a_fresh_pair_would(dec, agreeing):
             d.draft.decode(text[kept:], "last")  # those the target holds cost nothing
             rows.append(d.draft.logits_row(-1).copy())
             assert d.draft.pos_max() + 1 == len(d.draft.cached) == len(text)
-        np.testing.assert_allclose(rows[0], rows[1], atol=1e-4)
+        # it steps a token at a time: its noise is that of the target's states it reads
+        bound = tolerance(split_noise(fresh.target, text[:-1]))  # short of a stale state
+        np.testing.assert_allclose(rows[0], rows[1], atol=bound)
     finally:
         fresh.close()
 
@@ -99,6 +102,8 @@ def test_it_reads_the_target_s_cache(halfway):
             d.draft.hidden.rows[len(tokens) - 1] = 0.5  # one h for both texts
             d.draft.decode([7], "last")
             rows.append(d.draft.logits_row(-1).copy())
+        # 2.6 on an AMD EPYC; a head blind to the cache gives the very same row (one
+        # step, the same inputs), so any difference far above float noise shows it
         assert np.abs(rows[0] - rows[1]).max() > 1e-2
     finally:
         d.close()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from drafts import GREEDY
+from noise import EXACT_FLOOR, apart, split_noise, tolerance
 from test_parallel import at_once, load, order, parallel
 from test_smollm2 import assert_same_but_ties
 
@@ -102,10 +103,12 @@ def test_llama_cpp_computes_a_batch_differently_from_wide_rows_on(smollm2_path):
     m = Model(smollm2_path, n_ctx=512, n_threads=2)
     tokens = m.tokenize(LONG)[: WIDE + 1]
     rows = {n: last_row(m, tokens[:n], 9) for n in (WIDE - 2, WIDE - 1, WIDE, WIDE + 1)}
+    noise = split_noise(m, tokens[:10])  # narrow batches: 0 on an AMD EPYC, bit-exact
     m.close()
-    assert np.abs(rows[WIDE - 2] - rows[WIDE - 1]).max() < 1e-4
-    assert np.abs(rows[WIDE] - rows[WIDE + 1]).max() < 1e-4
-    assert np.abs(rows[WIDE - 1] - rows[WIDE]).max() > 1e-2
+    across = apart(rows[WIDE - 1], rows[WIDE])  # 0.98 on an AMD EPYC
+    bound = tolerance(noise, bug=across, floor=EXACT_FLOOR)  # 1e-4 where bit-exact
+    assert apart(rows[WIDE - 2], rows[WIDE - 1]) < bound
+    assert apart(rows[WIDE], rows[WIDE + 1]) < bound
 
 
 @pytest.mark.slow

@@ -130,6 +130,7 @@ def test_run_bench_runs_everything_interleaved(report):
 def test_report_summary(report):
     summary = report["summary"]
     per = summary["per_prompt"]["one"]
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert per["target"]["vs_target"] == pytest.approx(1.0)
     assert per["best_fixed"] == "k=2"
     assert per["k=2"]["vs_best_fixed"] == pytest.approx(1.0)
@@ -250,6 +251,7 @@ def test_summary_pairs_by_repetition_and_drops_busy_ones():
         fake_run("a", "target", 3, 10.0, foreign=0.5), fake_run("a", "k=2", 3, 45.0),
     ]
     s = summarize(runs, ["target", "k=2"], ["a"], modes)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert s["per_prompt"]["a"]["k=2"]["vs_target"] == pytest.approx(0.5)
     assert s["per_prompt"]["a"]["target"]["tokens_per_s"] == 80.0
     assert s["excluded_reps"] == [{"prompt": "a", "rep": 3}]

@@ -56,6 +56,7 @@ def test_the_oracle_pays_the_draft_models_step_and_its_reading_of_the_prompt():
     request = ceiling.Request(prompt=[1, 2, 3], output=[7, 8, 9, 10], fresh=3,
                               by_model=[True] * 4, confidence=[0.9] * 4)
     drafting = ceiling.Costs(flat, 0.25, lambda n: 0.1 * n)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     # one round: 3 model drafts (0.75) and a target decode (1), the prompt read (0.3)
     assert ceiling.oracle([request], 0, None, False, True, drafting) == pytest.approx(2.05)
     # where reading the prompt costs more than drafting saves, plain steps

@@ -75,6 +75,7 @@ def test_crossvocab_takes_the_views_work_out_of_the_draft_time():
     stats = SimpleNamespace(target_steps=10, target_s=0.5, draft_s=0.3)
     rounds, step, model, view, share = crossvocab.round_costs(stats, view_s=0.1)
     assert rounds == 10
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert (step, model, view, share) == pytest.approx((0.05, 0.02, 0.01, 0.2))
     rows = [(10, 0.05, 0.02, 0.01, 0.2), (20, 0.04, 0.01, 0.002, 0.05),
             (30, 0.06, 0.03, 0.003, 0.05)]
@@ -114,6 +115,7 @@ def test_isolation_compares_geometric_means_within_a_repetition():
     for t in isolation.TEMPERATURES:
         tally.add(t, {"in-process": [40.0, 10.0], "isolated": [36.0, 10.0]})
         tally.add(t, {"in-process": [20.0, 20.0], "isolated": [20.0, 20.0]})
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert tally.speeds["in-process T=0"] == [pytest.approx(20.0), pytest.approx(20.0)]
     assert tally.ratios(0.0) == [pytest.approx(0.9 ** 0.5), pytest.approx(1.0)]
     tally.latency = {"in-process": [10.0, 12.0, 11.0], "isolated": [13.0, 15.0, 14.0]}
@@ -130,6 +132,7 @@ def test_maskcost_figures_are_medians_per_generation():
              SimpleNamespace(mask_s=0.02, tokens=50, target_s=1.0, target_steps=50,
                              generate_s=1.25)]
     f = maskcost.mask_figures(stats)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert f == {"mask_ms": pytest.approx(0.3), "step_ms": pytest.approx(20.0),
                  "share": pytest.approx(0.01)}
     assert maskcost.row("smollm2.gguf", 49152, f) == \
@@ -153,6 +156,7 @@ def sequence_report():
 def test_sequence_counts_requests_from_the_nth_and_pairs_modes_by_repetition():
     s = sequence.Sequences.of(sequence_report(), first=3)
     assert s.modes == ["target", "auto"]
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert s.rates("target") == [50.0, pytest.approx(100 / 3)]  # 100 tokens in 2 s, in 3 s
     assert s.rates("auto") == [100.0, 50.0]
     assert s.drafted["auto"] == {"session": 100, "context": 0}  # requests 3 and 4 only
@@ -186,6 +190,7 @@ def rpc_report(seconds, target, auto, vs, k, acc):
 def test_rpc_latency_reads_the_remote_targets_curve_and_autos_speedup():
     report = rpc_report([0.010, 0.012, 0.013, 0.015, 0.020], 90.0, 120.0, 1.33, 2.5, 0.8)
     row = rpc_latency.summary_row("F32", 5.0, report)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert row["t1_ms"] == pytest.approx(10.0)
     assert row["ratios"] == {2: pytest.approx(1.2), 3: pytest.approx(1.3),
                              5: pytest.approx(2.0)}  # T(8) was not calibrated
@@ -216,6 +221,7 @@ def test_rpc_latency_parses_ggml_rpc_commands_and_counts_round_trips():
                         "(HELLO x2)")
     assert lines[3] == ("| 1 | 10.0 | 1.00 | 1 | GRAPH_COMPUTE, GET_TENSOR | 50.0, 5.00, 1, "
                         "same |")
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert out[1]["ratio"] == pytest.approx(1.5) and out[1]["round_trips"] == 1
 
 
@@ -224,6 +230,7 @@ def test_promptcache_compares_medians_per_repetition_and_spreads_every_request()
                                [[1.0, 1.0, 4.0], [0.5, 0.5, 9.0]])
     assert (s.cached.min, s.cached.median, s.cached.max) == (0.1, 0.2, 0.3)
     assert (s.uncached.min, s.uncached.median, s.uncached.max) == (0.5, 1.0, 9.0)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert s.speedup.min == pytest.approx(2.5) and s.speedup.max == pytest.approx(5.0)
     a, b = promptcache.system_prompt(1, 700), promptcache.system_prompt(2, 700)
     assert a != b and len(a.split()) > 700

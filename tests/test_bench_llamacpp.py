@@ -77,6 +77,7 @@ def test_parse_speculative_rejects_a_failed_run():
 
 
 def test_parse_llama_bench():
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert lcpp.parse_llama_bench(LLAMA_BENCH_JSON)["avg_ts"] == pytest.approx(28.900666)
 
 
@@ -99,6 +100,7 @@ def test_summarize_picks_the_best_settings():
     assert s["llamacpp_best_setting"] == "n-max 8, p-min 0"
     assert s["per_prompt"]["b"]["llamacpp_spec"] == 30.0
     assert s["per_prompt"]["a"]["llamacpp_acceptance"] == 0.8
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert s["overall"]["auto_vs_llamacpp_spec"] == pytest.approx(33.0 / 15.0)
     assert s["llama_bench_tg"] == 29.0
 

@@ -31,6 +31,7 @@ def _cache(tmp_path, monkeypatch):
 def test_curve_interpolates_and_extrapolates():
     c = CostCurve.from_points({1: 1.0, 2: 2.0, 4: 3.0, 8: 5.0}, 10)
     assert c.seconds[:8] == (1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert c.t(10) == pytest.approx(6.0)  # slope of the last measured segment
     assert c.t(12) == pytest.approx(c.t(10) + 2 * (c.t(10) - c.t(9)))
     assert c.ratio(4) == 3.0

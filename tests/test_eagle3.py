@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from drafts import GREEDY, cli_report
 from eagle3models import DRAFT_VOCAB, draft_ids, write_tiny_eagle3_pair
+from noise import split_noise, tolerance
 from test_cli import assert_one_line_error
 from test_hybrid import RUNS, pair_law
 from tinymodels import write_tiny_model
@@ -94,7 +95,10 @@ def test_its_drafts_after_rejections_read_as_a_fresh_pair_would(halfway):
             x.draft.decode(text[kept:], "last")
             rows.append(x.draft.logits_row(-1).copy())
             assert x.draft.pos_max() + 1 == len(x.draft.cached) == len(text)
-        np.testing.assert_allclose(rows[0], rows[1], atol=1e-4)
+        # the pairs decoded the text in other batches: the head's and the target's noise
+        noise = max(split_noise(fresh.draft, text), split_noise(fresh.target, text[:-1]))
+        bound = tolerance(noise)  # short of a stale state or a wrong input
+        np.testing.assert_allclose(rows[0], rows[1], atol=bound)
     finally:
         d.close()
         fresh.close()
@@ -106,6 +110,7 @@ def test_a_copy_of_its_state_restores_what_it_drafts_from(dec):
     text = dec.tokenize(PROMPTS[2])
     dec.reset()
     dec.target.decode(text[:-1], "none")
+    noise = split_noise(dec.draft, text, len(text) - 1)  # the last token alone, as below
     dec.draft.decode(text, "last")
     before = dec.draft.logits_row(-1).copy()
     saved = dec.target.save_state(), dec.draft.save_state()
@@ -114,7 +119,8 @@ def test_a_copy_of_its_state_restores_what_it_drafts_from(dec):
     dec.draft.restore(saved[1])
     dec.draft.truncate(len(text) - 1)
     dec.draft.decode(text[-1:], "last")
-    np.testing.assert_allclose(dec.draft.logits_row(-1), before, atol=1e-4)
+    bound = tolerance(noise)  # short of a lost fused state
+    np.testing.assert_allclose(dec.draft.logits_row(-1), before, atol=bound)
 
 
 def test_eagle3_speculation_follows_the_target_law(halfway):

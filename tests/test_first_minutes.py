@@ -58,6 +58,7 @@ CURVE = CostCurve((0.010, 0.015, 0.020, 0.025))  # T(1) = 10 ms, T(4) = 25 ms
 
 def test_the_verdict_compares_with_the_target_alone():
     hurt = versus_target(_stats(generate_s=2.0, target_s=1.0), CURVE)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     # 100 tokens alone: 100 x 10 ms = 1 s, against 2 s speculating
     assert hurt.verdict == "hurt" and hurt.speedup == pytest.approx(0.5)
     assert hurt.alone_tok_s == pytest.approx(100.0)
@@ -73,6 +74,7 @@ def test_a_busy_run_is_not_blamed_on_speculation():
     # The target's decodes took twice what the calibration says: the machine was busy,
     # so the target alone would have been slowed as much.
     busy = versus_target(_stats(generate_s=2.2, target_s=2.0), CURVE)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert busy.alone_tok_s == pytest.approx(50.0) and busy.speedup == pytest.approx(2.0 / 2.2)
 
 
@@ -84,6 +86,7 @@ def test_the_tools_own_cost_per_token_is_not_blamed_on_speculation():
                   draft_lengths={0: 99, 1: 1}, target_s=99 * 0.010 + 0.015, draft_s=0.005,
                   rounds_s=1.11, plain_rounds=99, plain_own_s=0.099, generate_s=1.2)
     c = versus_target(stats, CURVE)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert c.verdict == "even" and c.speedup == pytest.approx(101 * 0.011 / 1.2 + 0.09 / 1.2)
     # Without a single plain round its cost is unknown, and counted as none.
     drafted_only = dataclasses.replace(stats, plain_rounds=0, plain_own_s=0.0)

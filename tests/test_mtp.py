@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from drafts import GREEDY
 from hybridmodels import write_tiny_qwen35
+from noise import apart, split_noise, tolerance
 from test_cli import assert_one_line_error
 from test_hybrid import RUNS, law_fit
 from test_parallel import at_once
@@ -51,18 +52,24 @@ def test_a_target_with_mtp_layers_drafts_for_itself_by_default(dec):
 
 
 def test_mtp_drafts_in_one_batch_read_as_one_at_a_time(dec):
-    """The MTP context's cache: a batch and token-by-token decodes give the same rows."""
+    """The MTP context's cache: a batch and token-by-token decodes, after a cut, give the
+    same rows, within this CPU's float noise (measured on the same rows, no cut: up to
+    1.3e-4 on an AMD EPYC, more than the target's 6e-6) and far from a row one position
+    off (what a misplaced cell or state reads)."""
     m, t = dec.draft, dec.target
     tokens = dec.tokenize("the cat sat on the mat and the dog ran")
     t.clear()
     m.clear()
     t.decode(tokens, "none")
+    noise = max(split_noise(m, tokens[:i + 1]) for i in range(3, len(tokens)))
     m.decode(tokens, "all")
     rows = [m.logits_row(i).copy() for i in range(len(tokens))]
+    off_by_one = min(apart(rows[i], rows[i - 1]) for i in range(3, len(tokens)))
+    bound = tolerance(noise, bug=off_by_one)
     m.truncate(3)
     for i in range(3, len(tokens)):
         m.decode([tokens[i]], "last")
-        np.testing.assert_allclose(m.logits_row(-1), rows[i], atol=1e-3)
+        np.testing.assert_allclose(m.logits_row(-1), rows[i], atol=bound)
     t.clear()
     m.clear()
 

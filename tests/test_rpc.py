@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import NO_RPC_REASON
+from noise import split_noise, tolerance
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
@@ -397,6 +398,9 @@ def test_one_round_trip_per_decode_once_a_batch_size_is_warm(tiny_target):
         try:
             assert local.warm_batch_sizes([2, 3]) == 0 and local.decode_calls == 0
             prompt = model.tokenize("the cat sat on the mat")
+            # the server runs this CPU's kernels on the same batches (bit-exact, measured);
+            # this CPU's split noise is allowed, a cache holding other cells is not
+            bound = tolerance(split_noise(local, prompt))
             for m in (model, local):
                 m.decode(prompt, "last")
             counters = (model.decode_s, model.decode_calls, model.tokens_evaluated)
@@ -415,7 +419,7 @@ def test_one_round_trip_per_decode_once_a_batch_size_is_warm(tiny_target):
                 local.decode(step, "all")
                 for i in range(n):  # the cache holds what it should: same logits as local
                     np.testing.assert_allclose(model.logits_row(i), local.logits_row(i),
-                                               rtol=1e-3, atol=1e-3)
+                                               atol=bound)
                 model.truncate(len(prompt))
                 local.truncate(len(prompt))
         finally:

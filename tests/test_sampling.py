@@ -45,12 +45,14 @@ def test_accept_then_residual_reproduces_p_exactly(seed):
     rng = np.random.default_rng(seed)
     p = softmax(rng.normal(size=12) * 2)
     q = softmax(rng.normal(size=12) * 2)
+    # float64 sums of 12 probabilities: off by ~1e-16, far below 1e-12
     np.testing.assert_allclose(one_round_distribution(p, q), p, atol=1e-12)
 
 
 def test_accept_then_residual_with_disjoint_supports():
     p = np.array([0.5, 0.5, 0.0, 0.0])
     q = np.array([0.0, 0.0, 0.3, 0.7])
+    # float64 sums of 4 probabilities: off by ~1e-16, far below 1e-12
     np.testing.assert_allclose(one_round_distribution(p, q), p, atol=1e-12)
 
 
@@ -61,6 +63,7 @@ def test_deterministic_draft_q_none_reproduces_p():
         out = np.zeros(3)
         out[d] += accept
         out += (1 - accept) * residual(p, None, d)
+        # float64 sums of 3 terms: off by ~1e-16, far below 1e-12
         np.testing.assert_allclose(out, p, atol=1e-12)
 
 
@@ -124,6 +127,7 @@ def test_uneven_vocabularies_reproduce_p_exactly(seed, n_draft):
     rng = np.random.default_rng(seed)
     p = softmax(rng.normal(size=12) * 2)
     q = softmax(rng.normal(size=n_draft) * 2)
+    # float64 sums of 12 probabilities: off by ~1e-16, far below 1e-12
     np.testing.assert_allclose(uneven_one_round_distribution(p, q), p, atol=1e-12)
 
 
@@ -135,7 +139,7 @@ def test_on_target_vocab_pads_with_zero_and_cuts_without_renormalising():
     p = np.array([0.6, 0.4])
     assert acceptance_probability(p, q, 2) == 0.0  # an id the target lacks
     assert acceptance_probability(p, None, 7) == 0.0
-    np.testing.assert_allclose(residual(p, None, 7), p)
+    np.testing.assert_allclose(residual(p, None, 7), p)  # p / p.sum(): within 1e-7 rtol
 
 
 def test_verify_with_a_longer_draft_vocabulary_matches_p():
@@ -181,6 +185,7 @@ def test_probabilities_temperature():
     z = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
     expected = softmax(z.astype(np.float64) / 0.5)
     actual = probabilities(z, SamplingParams(temperature=0.5))
+    # z / T in float32 (6e-8 of its few units), the rest float64: ~4e-7 relative in p
     np.testing.assert_allclose(actual, expected, rtol=1e-6)
 
 
@@ -194,6 +199,7 @@ def test_probabilities_top_k():
     p = probabilities(z, SamplingParams(temperature=1.0, top_k=2))
     expected = np.zeros(4)
     expected[[1, 2]] = softmax(np.array([3.0, 2.0]))
+    # logits in float32 (6e-8 of a few units), the rest float64: ~4e-7 relative in p
     np.testing.assert_allclose(p, expected, rtol=1e-6)
 
 
@@ -201,6 +207,7 @@ def test_probabilities_top_p_keeps_smallest_set_reaching_mass():
     base = np.array([0.5, 0.3, 0.15, 0.05])
     z = np.log(base)
     p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.8))
+    # log(p) in float32 (6e-8 of |z| < 3), the rest float64: ~2e-7 relative in p
     np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-6)
     p = probabilities(z, SamplingParams(temperature=1.0, top_p=0.81))
     np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-6)
@@ -217,12 +224,14 @@ def test_top_p_partial_sort_equals_full_sort_on_a_big_vocabulary():
         ref = np.zeros_like(full)
         ref[order[:n]] = full[order[:n]]
         ref /= ref.sum()
+        # float32 z (|z| to ~15: 1e-6 relative in p) then float64 sums of 50k terms (~1e-12)
         np.testing.assert_allclose(fast, ref, rtol=1e-5, atol=1e-12)
 
 
 def test_probabilities_min_p():
     base = np.array([0.5, 0.3, 0.15, 0.05])
     p = probabilities(np.log(base), SamplingParams(temperature=1.0, min_p=0.25))
+    # log(p) in float32 (6e-8 of |z| < 3), the rest float64: ~2e-7 relative in p
     np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-6)
 
 
@@ -230,6 +239,7 @@ def test_sample_empirical():
     rng = np.random.default_rng(1)
     probs = np.array([0.1, 0.0, 0.6, 0.3])
     draws = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=4) / 20000
+    # 20,000 draws: a binomial sd of 0.0035 at most (p = 0.6), so 0.015 is 4.3 sd
     np.testing.assert_allclose(draws, probs, atol=0.015)
     assert draws[1] == 0
 
@@ -337,6 +347,7 @@ def test_sample_logits_and_p_gives_the_drawn_tokens_probability(params):
     for seed in range(50):
         token, p_token = sample_logits_and_p(logits, params, np.random.default_rng(seed))
         assert token == sample_logits(logits, params, np.random.default_rng(seed))
+        # from float32 weights and their float64 sum vs float64 probabilities: ~1e-7 relative
         assert p_token == pytest.approx(p[token], rel=1e-5)
 
 
@@ -347,6 +358,7 @@ def test_sample_takes_unnormalised_float32_weights():
     n = 8000
     draws = np.bincount([sample(w, rng) for _ in range(n)], minlength=5000)
     assert set(np.flatnonzero(draws)) == {3, 2048, 4999}
+    # 8,000 draws: binomial sds 0.0056 (p = 0.5) and 0.0048 (0.25): 0.02 is 3.6 sd or more
     np.testing.assert_allclose(draws[[3, 2048, 4999]] / n, [0.5, 0.25, 0.25], atol=0.02)
 
 
@@ -365,7 +377,7 @@ def test_first_draft_acceptance_estimates_the_acceptance_rate_without_drafting(s
     est = np.array([first_draft_acceptance(draft_logits, int(x), float(p[x]), params)
                     for x in xs])
     se = est.std() / np.sqrt(len(est))
-    assert abs(est.mean() - exact) < 4 * se + 1e-9
+    assert abs(est.mean() - exact) < 4 * se + 1e-9  # 4 sd; 1e-9: float64 sums of 40k
     wrong = q[xs]
     assert abs(wrong.mean() - exact) > 4 * wrong.std() / np.sqrt(len(wrong))
 
@@ -378,6 +390,7 @@ def test_first_draft_acceptance_greedy_and_edges():
     sampled = SamplingParams(temperature=1.0)
     assert first_draft_acceptance(logits, 7, 0.5, sampled) == 0.0  # an id the draft lacks
     q1 = float(probabilities(logits, sampled)[1])
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert first_draft_acceptance(logits, 1, 0.99, sampled) == pytest.approx(q1 / 0.99)
     assert first_draft_acceptance(logits, 1, q1 / 2, sampled) == 1.0
     # where the draft's top token is below p_min it would not have drafted: no evidence
@@ -393,10 +406,11 @@ def test_confidence_is_the_drafts_top_probability_greedy_or_sampled():
     logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
     kept = logits.copy()
     greedy = SamplingParams(temperature=0.0)
+    # pytest.approx's 1e-6 relative: float32 exp against float64 softmax, ~1e-7
     assert confidence(logits, greedy) == pytest.approx(softmax(logits.astype(float)).max())
     np.testing.assert_array_equal(logits, kept)
     sampled = SamplingParams(temperature=0.5, top_k=2)
     q = probabilities(logits, sampled)
-    assert confidence(logits, sampled) == pytest.approx(q.max())
+    assert confidence(logits, sampled) == pytest.approx(q.max())  # the same q: exact
     assert confidence(logits, sampled, q) == pytest.approx(q.max())
     assert confidence(logits, sampled) > confidence(logits, SamplingParams(temperature=1.0))

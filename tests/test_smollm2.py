@@ -2,9 +2,9 @@
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
+from noise import assert_a_tie
 
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.cli import cli
@@ -51,13 +51,10 @@ def test_greedy_identity_on_the_real_model(dec, pair_paths):
 
 def assert_same_but_ties(probe, prompt, tokens, alone, label):
     """The target alone's greedy tokens, unless they part where its two best logits tie
-    (batch sizes round differently there)."""
+    within this CPU's noise (batch sizes round differently there)."""
     if tokens != alone:
         j = next(i for i, (a, b) in enumerate(zip(tokens, alone)) if a != b)
-        probe.clear()
-        probe.decode(prompt + alone[:j], "last")
-        top = np.sort(probe.logits_row(-1))[-2:]
-        assert top[1] - top[0] < 1e-4, f"{label} diverged at {j}"
+        assert_a_tie(probe, prompt, alone[:j], label)
 
 
 def test_greedy_identity_following_earlier_requests(dec, pair_paths):

@@ -3,6 +3,7 @@ stopping rules, interruption, reuse."""
 
 import numpy as np
 import pytest
+from noise import assert_a_tie, split_noise, tolerance
 
 from specllama import (
     ContextOverflowError,
@@ -71,8 +72,7 @@ def test_greedy_output_equals_target_alone(dec, tiny_target, k):
             continue
         # Divergence is allowed only where the target's top two logits tie within float noise.
         j = next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)
-        gap = top_two_gap(probe, dec.tokenize(prompt) + base.tokens[:j])
-        assert gap < 1e-4, f"{prompt!r} k={k}: diverged at {j} with top-two gap {gap}"
+        assert_a_tie(probe, dec.tokenize(prompt), base.tokens[:j], f"{prompt!r} k={k}")
     probe.close()
 
 
@@ -146,6 +146,7 @@ def test_stats_add_up(dec):
     s = res.stats
     assert s.tokens == len(res.tokens) == 64 or res.finish_reason == "eos"
     assert s.accepted <= s.drafted
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert s.tokens_per_step == pytest.approx(s.tokens / s.target_steps)
     assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
     assert s.generate_s >= s.draft_s + s.target_s > 0
@@ -374,8 +375,11 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
         else:
             q = probabilities(q_rows[i], sampling)
             expected.append(min(1.0, float(q[x]) / float(p[x])))
+    # the plain steps decoded the target a token at a time: q/p moves by 4x the logits'
+    # noise at most (both logs by 2x), a row one position off moves it by far more
+    bound = tolerance(split_noise(target, history, n))
     dec.reset()
-    assert shadow == pytest.approx(expected, rel=1e-3, abs=1e-4)
+    assert shadow == pytest.approx(expected, rel=bound)
     assert 0 < sum(shadow) < 12  # the tiny draft agrees often, not always
 
     if sampling.greedy:
@@ -395,9 +399,9 @@ def test_a_draft_catching_up_reports_how_it_would_have_done_while_paused(dec, sa
     assert again.tokens[:12] == res.tokens[:12]  # the target alone drew them
     kept = [e for e, top in zip(expected, tops) if top >= p_min]
     assert 0 < len(kept) < 12
-    assert policy.outcomes[12].work.shadow == pytest.approx(kept, rel=1e-3, abs=1e-4)
+    assert policy.outcomes[12].work.shadow == pytest.approx(kept, rel=bound)
     assert ruled_again.tokens[:12] == res.tokens[:12]
-    assert ruled.outcomes[12].work.shadow == pytest.approx(expected, rel=1e-3, abs=1e-4)
+    assert ruled.outcomes[12].work.shadow == pytest.approx(expected, rel=bound)
 
 
 class PauseThenDraftNoRule(PauseThenDraft):

@@ -51,6 +51,7 @@ def test_a_bandwidth_bound_target_drafts_ahead_where_acceptance_is_high():
 def test_a_round_drawn_ahead_costs_its_verification_and_drafting_only_when_missed():
     serial = in_turn(0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.01)
     c = ahead(8, 2, 0.1, [1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], 0.01)
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     # k = 2 at acceptance 1: every round finds its draft drawn (3 steps fit in T(3)); the
     # verdict waits for half the draft step in flight
     assert ahead_round_s(c, 2, 1.0, serial) == pytest.approx(0.13 + 0.005)

@@ -15,6 +15,7 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
+from noise import file_split_noise, tolerance
 from test_cli import assert_one_line_error
 from test_serve import ServerProcess, ask, chat_body
 
@@ -271,9 +272,12 @@ def test_logprobs_match_the_target_alone(tiny_target, tiny_draft):
                            sampling=SamplingParams(temperature=0.9, seed=2))
         assert res.stats.drafted > 0 and len(res.logprobs) == len(res.tokens)
         rows = target_logprobs(tiny_target, prompt, res.tokens)
+        # verify passes split the text otherwise: a log-probability moves by at most twice
+        # the logits' noise, ten times it is allowed, a row one position off is far more
+        bound = tolerance(file_split_noise(tiny_target, prompt + res.tokens, len(prompt)))
         for j, (entry, row) in enumerate(zip(res.logprobs, rows)):
             assert entry.token == res.tokens[j]
-            assert math.isclose(entry.logprob, row[entry.token], abs_tol=1e-3), j
+            assert math.isclose(entry.logprob, row[entry.token], abs_tol=bound), j
             assert [t for t, _ in entry.top] == list(np.argsort(-row)[:2])
     finally:
         dec.close()

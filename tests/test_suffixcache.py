@@ -86,6 +86,7 @@ def test_likeliest_chain_counts_agreeing_continuations():
     conts = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 4]]
     tokens, probs, first = likeliest_continuation(conts, 5)
     assert tokens == [1, 2, 4]
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     assert probs == pytest.approx([1.0, 3 / 4, 2 / 3])
     assert first == 1  # the first continuation agreeing to the end
     assert likeliest_continuation([], 3) == ([], [], 0)
@@ -103,6 +104,7 @@ def test_lookup_draws_from_the_archive_with_its_origin_and_probabilities():
     assert draft.has_match(ctx) and draft.match_length() == 6
     chain = draft.continuation(ctx, 8)
     assert chain is not None and chain.origin == "session"
+    # pytest.approx's 1e-6 relative: float64 arithmetic of a few terms, exact to ~1e-15
     # 20 follows the format in 2 of 4, then 16 17 always; k capped at 6 - 3 + 1 = 4
     assert chain.tokens == [20, 16, 17, 18] and chain.probs == pytest.approx([0.5, 1, 1, 1])
     # the context's own match counts too, first: a longer one wins alone
