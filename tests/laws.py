@@ -19,6 +19,8 @@ def exact_joint(model: Model, prompt: list[int], n: int,
 
     def walk(path: tuple, prob: float) -> None:
         p = p_after(path, model.logits_row(-1))
+        # under 1e-9 left out: at most ids x 1e-9 of the mass a step, and a draw there
+        # fails the test (an outcome the target never gives), it cannot pass it
         for x in np.flatnonzero(p > 1e-9):
             key, mass = (*path, int(x)), prob * float(p[x])
             if model.is_eog(int(x)) or len(key) == n:

@@ -1,5 +1,8 @@
 """The auto policy's tuned numbers, one mechanism at a time: what each does, shown by
-switching it or moving its number; AutoTuning from the environment; the stats' line."""
+switching it or moving its number; AutoTuning from the environment; the stats' line.
+
+`pytest.approx` at its default (relative 1e-6) compares float64 arithmetic done two ways
+(a formula against the code's), whose rounding is ~1e-15: far inside it."""
 
 import json
 from types import SimpleNamespace

@@ -1,5 +1,8 @@
 """bench/lib/common.py: a pair resolved as `specllama` resolves it, the options every script
-takes, the spread of repeated figures; and every script starts (`--help`)."""
+takes, the spread of repeated figures; and every script starts (`--help`).
+
+`pytest.approx` at its default (relative 1e-6) compares float64 arithmetic done two ways
+(a formula against the code's), whose rounding is ~1e-15: far inside it."""
 
 import argparse
 import importlib

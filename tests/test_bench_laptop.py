@@ -1,6 +1,9 @@
 """bench/laptop.py without models: the measured curves filled in between measured batch
 sizes and thread counts, a round's cost when the draft model draws ahead, and auto near
-the best fixed draft length on two laptop workloads."""
+the best fixed draft length on two laptop workloads.
+
+`pytest.approx` at its default (relative 1e-6) compares float64 arithmetic done two ways
+(a formula against the code's), whose rounding is ~1e-15: far inside it."""
 
 import pytest
 

@@ -47,7 +47,7 @@ def exact_constrained(model: Model, prompt: list[int], spec: ConstraintSpec,
         model.truncate(len(prompt) - 1)
         model.decode([prompt[-1], *path], "last")
         p = probabilities(masked(model.logits_row(-1), state.allowed()), params)
-        for x in np.flatnonzero(p > 1e-9):
+        for x in np.flatnonzero(p > 1e-9):  # (the cutoff of laws.exact_joint, and why)
             key, mass = (*path, int(x)), prob * float(p[x])
             if model.is_eog(int(x)) or len(key) == n:
                 joint[key] = joint.get(key, 0.0) + mass

@@ -54,14 +54,6 @@ def dec_same(tiny_target, tiny_draft_same):
     d.close()
 
 
-def top_two_gap(model: Model, tokens: list[int]) -> float:
-    model.clear()
-    model.decode(tokens, "last")
-    row = np.sort(model.logits_row(-1).astype(np.float64))
-    model.clear()
-    return float(row[-1] - row[-2])
-
-
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_output_equals_target_alone(dec, tiny_target, k):
     probe = Model(tiny_target, n_ctx=512, n_threads=1)
