@@ -14,6 +14,13 @@ time), their geometric mean over the prompts per repetition, then min/median/max
 repetitions; ratios are taken within a repetition. Each server's own draft/accept
 counts come from its response (`timings` for llama-server, `speculative` for ours).
 
+llama-server runs with our settings where its defaults differ in what a request costs
+(`even_flags`, `sampler_fields`): our batch, a full sliding-window cache, no prompt
+checkpoints, our plain chat format for a model without a chat template, and our sampler
+chain (argmax at T = 0, temperature alone otherwise) rather than its default chain, whose
+final softmax over the whole vocabulary costs ~3 ms a token on a 262k vocabulary.
+`--llama-server-defaults` leaves llama-server its own, to see what they cost it.
+
     python -m bench.llamaserver --pair smollm2-f32
     python -m bench.llamaserver --pair smollm2 --reps 5 --n-max 2,3 --p-min 0.75
     python -m bench.llamaserver --pair smollm2-f32 --stream --specllama "default;--draft-max 0"
@@ -47,6 +54,7 @@ from bench.lib.common import (
     ratios,
     run,
 )
+from bench.lib.even import PLAIN_STOP, even_flags, sampler_fields
 from bench.lib.llamacpp_build import (
     add_comparison_options,
     comparison_prompts,
@@ -68,6 +76,10 @@ class Contender:
     argv: list[str]  # without the port
     port_flag: str
     kind: str  # "llama-server" or "specllama"
+    # llama-server given our sampler chain in each request (sampler_fields)
+    our_sampling: bool = False
+    # stop strings its chat requests carry (llama-server: ours for a template-less model)
+    stop: tuple[str, ...] = ()
     # per temperature: one list per repetition of per-request records
     runs: dict[float, list[list[dict[str, Any]]]] = field(default_factory=dict)
 
@@ -86,9 +98,11 @@ def llama_contenders(args: argparse.Namespace, target: Path,
     target's MTP layers or a Gemma 4 assistant draft (--mtp), and with each --ngram
     spec type."""
     exe, t = str(args.bins["llama-server"]), str(args.threads)
+    even = [] if args.llama_server_defaults else even_flags(args, target)
     common = [exe, "-m", str(target), "-t", t, "-tb", t, "-c", str(args.n_ctx), "-np", "1",
-              "--no-webui", "--host", "127.0.0.1"]
+              *even, "--no-webui", "--host", "127.0.0.1"]
     md = [] if draft is None else ["-md", str(draft), "-td", t, "-tbd", t]
+    stop = (PLAIN_STOP,) if "--chat-template-file" in even else ()
     out = [Contender(BASELINE, common, "--port", "llama-server")]
     # draft-mtp drafts with the target's MTP layers, or with a Gemma 4 assistant (-md)
     assistant = md if draft is not None and architecture(draft) == "gemma4-assistant" else []
@@ -121,6 +135,8 @@ def llama_contenders(args: argparse.Namespace, target: Path,
              "--spec-type", f"draft-simple,{name}" if with_draft else name,
              *ngram_cache_flags(args, target, name)],
             "--port", "llama-server"))
+    for c in out:
+        c.our_sampling, c.stop = not args.llama_server_defaults, stop
     return out
 
 
@@ -162,6 +178,18 @@ def fresh(prompt: str, rep: int, temp: float) -> str:
     return f"(request {rep + 1}-{temp:g})\n{prompt}"
 
 
+def request_body(c: Contender, model: str, prompt: str, temp: float, seed: int,
+                 max_tokens: int, stream: bool, chat: bool) -> dict[str, Any]:
+    """The request's body: the same for every server (processes.body), and for
+    llama-server our sampler chain and the stop strings our chat format adds."""
+    b = body(model, prompt, temp, seed, max_tokens, stream, chat)
+    if c.our_sampling:
+        b.update(sampler_fields(temp))
+        if chat and c.stop:
+            b["stop"] = list(c.stop)
+    return b
+
+
 def record(c: Contender, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
     usage = answer.get("usage") or {}
     n = int(usage.get("completion_tokens", 0))
@@ -189,7 +217,8 @@ def start_all(cs: list[Contender], args: argparse.Namespace, first: Any,
                                                args.logs)
         status, answer, _ = request(
             server.port, "/v1/chat/completions" if first.chat else "/v1/completions",
-            body(server.model, first.prompt, 0.0, 0, 8, False, first.chat), args.timeout)
+            request_body(c, server.model, first.prompt, 0.0, 0, 8, False, first.chat),
+            args.timeout)
         if status != 200:
             sys.exit(f"{c.name}: warm-up answered {status}: {answer}")
 
@@ -198,8 +227,8 @@ def send(server: ApiServer, c: Contender, args: argparse.Namespace, p: Any, rep:
          temp: float, seed: int) -> dict[str, Any]:
     status, answer, seconds = request(
         server.port, "/v1/chat/completions" if p.chat else "/v1/completions",
-        body(server.model, fresh(p.prompt, rep, temp), temp, seed, args.max_tokens,
-             args.stream, p.chat),
+        request_body(c, server.model, fresh(p.prompt, rep, temp), temp, seed,
+                     args.max_tokens, args.stream, p.chat),
         args.timeout, stream=args.stream)
     if status != 200:
         sys.exit(f"{c.name}: {p.id} answered {status}: {answer}")
@@ -325,6 +354,11 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per request/start")
     p.add_argument("--logs", type=Path, help="keep each server's log in this folder")
+    p.add_argument("--llama-server-defaults", action="store_true",
+                   help="run llama-server with its own defaults where they differ from ours "
+                        "(batch, SWA cache, prompt checkpoints, ChatML for a model without a "
+                        "chat template, its default sampler chain): what the comparison was "
+                        "before these were evened")
     p.add_argument("--corpus", type=Path, nargs="+", default=[],
                    help="files or folders: `--corpus` for our servers, a static cache "
                         "(-lcs, built by llama-lookup-create) for llama-server's ngram-cache")

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench import llamaserver as ls
+from bench.lib import even
 
 
 def arguments(*argv: str):
@@ -28,6 +29,78 @@ def test_the_contenders_are_llama_server_alone_its_sweep_and_our_flag_sets():
     ours = cs[-1].argv
     assert ours[ours.index("--pair") + 1] == "smollm2" and ours[-2:] == ["--drafters", "model"]
     assert {c.kind for c in cs[:4]} == {"llama-server"} and cs[-1].port_flag == "--port"
+
+
+def test_llama_server_runs_with_our_batch_swa_cache_and_no_prompt_checkpoints():
+    """Its defaults differ from ours (-b 2048, a window-sized SWA cache, checkpoints every
+    prompt): every llama-server contender gets ours; --llama-server-defaults keeps its."""
+    cs = ls.contenders(arguments("--n-max", "2", "--p-min", "0", "--n-ctx", "256"),
+                       Path("t.gguf"), Path("d.gguf"))
+    for c in cs[:2]:
+        a = c.argv
+        assert a[a.index("-b") + 1] == a[a.index("-ub") + 1] == "256"  # 512, cut to n_ctx
+        assert "--swa-full" in a and a[a.index("--ctx-checkpoints") + 1] == "0"
+        assert "--chat-template-file" not in a  # (no GGUF there to read)
+        assert c.our_sampling and c.stop == ()
+    assert "--swa-full" not in cs[-1].argv and not cs[-1].our_sampling
+    alone = ls.contenders(arguments("--n-max", "", "--llama-server-defaults"),
+                          Path("t.gguf"), Path("d.gguf"))[0]
+    assert not {"-b", "-ub", "--swa-full", "--ctx-checkpoints"} & set(alone.argv)
+    assert not alone.our_sampling
+
+
+def gguf_file(path: Path, template: str | None) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"])
+    if template is not None:
+        w.add_chat_template(template)
+    w.add_uint32("llama.context_length", 2048)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_model_without_a_chat_template_chats_in_our_plain_format_on_both(tmp_path):
+    """llama-server falls back to ChatML; ours to 'User: ... Assistant:' (server/prompts.py)
+    with its stop string: llama-server is given both."""
+    from specllama.server.prompts import PLAIN_STOP, plain_prompt
+
+    plain = gguf_file(tmp_path / "plain.gguf", None)
+    chat = gguf_file(tmp_path / "chat.gguf", "{{ messages[0].content }}")
+    assert even.has_chat_template(plain) is False and even.has_chat_template(chat) is True
+    assert even.has_chat_template(tmp_path / "missing.gguf") is None
+    alone = ls.contenders(arguments("--n-max", ""), plain, None)[0]
+    template = Path(alone.argv[alone.argv.index("--chat-template-file") + 1]).read_text()
+    assert alone.stop == PLAIN_STOP == (even.PLAIN_STOP,)
+    assert "--chat-template-file" not in ls.contenders(arguments("--n-max", ""), chat, None)[0].argv
+    import jinja2
+
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"}]
+    rendered = jinja2.Environment().from_string(template).render(
+        messages=turns, add_generation_prompt=True)
+    assert rendered == plain_prompt(turns) == \
+        "Be brief.\n\nUser: Hi.\nAssistant: Hello.\nUser: Why?\nAssistant:"
+
+
+def test_llama_server_is_asked_for_our_sampler_chain():
+    """T = 0: argmax (top-k 1, nothing else: its default chain and full-vocabulary softmax
+    are left out); T > 0: temperature alone, then its draw; our requests are unchanged."""
+    theirs = ls.Contender("llama-server", [], "--port", "llama-server", our_sampling=True,
+                          stop=("\nUser:",))
+    ours = ls.Contender("specllama default", [], "--port", "specllama")
+    greedy = ls.request_body(theirs, "m", "hi", 0.0, 7, 64, False, True)
+    assert (greedy["samplers"], greedy["top_k"], greedy["stop"]) == (["top_k"], 1, ["\nUser:"])
+    hot = ls.request_body(theirs, "m", "hi", 0.8, 7, 64, False, False)
+    assert (hot["samplers"], hot["top_k"], hot["top_p"], hot["min_p"]) == \
+        (["temperature"], 0, 1.0, 0.0)
+    assert "stop" not in hot  # a plain completion: no chat format, no stop string
+    assert ls.request_body(ours, "m", "hi", 0.0, 7, 64, False, True) == \
+        ls.body("m", "hi", 0.0, 7, 64, False, True)
 
 
 def test_no_sweep_leaves_llama_server_alone_and_ours():

@@ -313,7 +313,7 @@ def chat_tokens(target: Vocabulary, req: ChatRequest, fmt: Format = "auto") -> t
         return _reasoned(target, template, rendered, req, fmt)
     turns = generic_messages(req.messages, tools)
     if template is None:
-        return _tokenize(target, _plain(turns)), PLAIN_STOP, None
+        return _tokenize(target, plain_prompt(turns)), PLAIN_STOP, None
     try:
         rendered = target.format_chat(turns, **extra)
     except Exception as exc:  # a template can fail in any jinja2 way
@@ -366,7 +366,7 @@ def _render_folded(target: Any, turns: list[dict[str, Any]],
         return None
 
 
-def _plain(turns: list[dict[str, Any]]) -> str:
+def plain_prompt(turns: list[dict[str, Any]]) -> str:
     parts = []
     for t in turns:
         if t["role"] == "system":

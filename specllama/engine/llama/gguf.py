@@ -52,20 +52,37 @@ _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 def architecture(path: Path) -> str | None:
     """The file's `general.architecture` (None where the header does not say), read
     from the header alone: which kind of model to build comes before llama.cpp loads it."""
+    found = _header_value(path, "general.architecture")
+    return found if isinstance(found, str) else None
+
+
+def has_key(path: Path, key: str) -> bool | None:
+    """Whether the GGUF header holds `key` (None: no header this could read through),
+    read from the header alone (bench.llamaserver: has the model a chat template?)."""
+    found = _header_value(path, key)
+    return None if found is _UNREADABLE else found is not _ABSENT
+
+
+_ABSENT, _UNREADABLE = object(), object()
+
+
+def _header_value(path: Path, key: str) -> object:
+    """`key`'s value where it is a string, True where it is another type; _ABSENT or
+    _UNREADABLE otherwise."""
     try:
         with path.open("rb") as fh:
             if fh.read(4) != GGUF_MAGIC:
-                return None
+                return _UNREADABLE
             _version, _n_tensors, n_kv = struct.unpack("<IQQ", fh.read(20))
             for _ in range(min(n_kv, 4096)):
-                key = _string(fh)
+                name = _string(fh)
                 kind = struct.unpack("<I", fh.read(4))[0]
-                if key == "general.architecture" and kind == 8:
-                    return _string(fh)
+                if name == key:
+                    return _string(fh) if kind == 8 else True
                 _skip(fh, kind)
     except (OSError, struct.error, UnicodeDecodeError, ValueError):
-        return None
-    return None
+        return _UNREADABLE
+    return _ABSENT
 
 
 def _string(fh: BinaryIO) -> str:
