@@ -127,6 +127,12 @@ def _scaled(logits: np.ndarray, temperature: float) -> np.ndarray:
         return np.divide(z, temperature, dtype=np.float64).astype(np.float32)
 
 
+def filtered(params: SamplingParams, n: int) -> bool:
+    """Whether top-k, top-p or min-p cut a row of n ids: else p is `weights` over their
+    sum, which the fast paths use."""
+    return 0 < params.top_k < n or params.top_p < 1.0 or params.min_p > 0.0
+
+
 def weights(logits: np.ndarray, temperature: float) -> np.ndarray:
     """exp((logits - max) / T) in float32, unnormalised, the largest 1: p without filters
     is these over their float64 sum."""
@@ -226,7 +232,7 @@ def sample_logits_and_p(
     if params.greedy:
         return int(np.argmax(logits)), 1.0
     n = logits.shape[-1]
-    if 0 < params.top_k < n or params.top_p < 1.0 or params.min_p > 0.0:
+    if filtered(params, n):
         probs = probabilities(logits, params)
         token = sample(probs, rng)
         return token, float(probs[token])

@@ -9,7 +9,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..drafting.base import Draft
-from ..sampling import SamplingParams, probabilities, sample_logits_and_p, weights
+from ..sampling import (
+    Row,
+    SamplingParams,
+    filtered,
+    probabilities,
+    sample_logits_and_p,
+    weights,
+)
 
 
 class Rows:
@@ -29,8 +36,7 @@ class Rows:
         """p_i, the target's processed distribution at row i (normalised as read)."""
         p = LazyP(self._logits_row(i), self._params)
         if i < len(self.drafts):
-            d = self.drafts[i]
-            self.p[i] = p[d] if d < p.shape[0] else 0.0
+            self.p[i] = _at(p, self.drafts[i])
         return p
 
     def draw(self, i: int, rng: np.random.Generator) -> tuple[int, float]:
@@ -55,8 +61,7 @@ class LazyP:
     def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
         self.shape: tuple[int, ...] = logits.shape
         self._vector: np.ndarray | None = None
-        if params.greedy or 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0 \
-                or params.min_p > 0.0:
+        if params.greedy or filtered(params, logits.shape[-1]):
             self._vector = probabilities(logits, params)
             return
         self._weights = weights(logits, params.temperature)
@@ -75,7 +80,7 @@ class LazyP:
         return self._vector
 
 
-def _at(dist: np.ndarray, token: int) -> float:
+def _at(dist: np.ndarray | Row, token: int) -> float:
     """dist(token); 0 for an id beyond it (pairs whose vocabularies differ in size)."""
     return float(dist[token]) if token < dist.shape[0] else 0.0
 
