@@ -900,6 +900,10 @@ LINEAR_RATIOS = [1.0 + 0.3 * n for n in range(24)]
 #: costs more than 4's trend says, and 6 to 9 little more each.
 BUMPY_RATIOS = [1.0, 1.37, 1.67, 1.96, 2.52, 2.79, 3.03, 3.27, 3.61, 3.95, 4.28, 4.63,
                 4.95, 5.26, 5.58, 5.90]
+#: The same pair calibrated on an AMD EPYC (2 threads, llama-cpp-python 0.3.36, idle,
+#: 2026-12-07): each token verified costs far more, and 3|4 and 5|6 cost alike.
+EPYC_RATIOS = [1.0, 1.95, 2.69, 2.69, 3.46, 3.47, 3.95, 4.43, 4.95, 5.48, 6.0, 6.52,
+               6.91, 7.29, 7.67, 8.05]
 
 
 def test_a_lookup_copy_runs_past_a_dear_batch_size_to_where_the_round_pays_most():
@@ -909,12 +913,34 @@ def test_a_lookup_copy_runs_past_a_dear_batch_size_to_where_the_round_pays_most(
     fixed_acceptance(st, "lookup-long", 0.97)
     policy = AutoDraftLength(st)
     assert policy.choose("lookup", match=20) >= 8
-    # E/C of a chain of n sure tokens, by brute force: the cut is where it peaks
-    a, t = st.confidence_of("lookup-long").rate(1.0), st.costs("lookup-long").target
-    best = max(range(1, 9), key=lambda n: sum(a ** i for i in range(n + 1)) / t[n])
-    assert best > 4 and lookup_cut(policy, [1.0] * 8) == best
+    assert lookup_cut(policy, [1.0] * 8) == peak_of_e_over_c(st, 8) > 4
     # where the copies stop agreeing, no look-ahead carries it on
     assert lookup_cut(policy, [1.0, 1.0, 1.0, 1.0, 0.05, 1.0, 1.0, 1.0]) == 4
+
+
+def peak_of_e_over_c(st: AutoState, k: int, a: float | None = None) -> int:
+    """By brute force: the length n <= k of a lookup draft whose round gives the most
+    expected tokens a second (E = 1 + a + ... + a^n, C = the round's cost); `a`: a chain
+    of sure tokens' acceptance (the rate of a share of 1.0) unless given."""
+    costs = st.costs("lookup-long")
+    if a is None:
+        a = st.confidence_of("lookup-long").rate(1.0)
+    return max(range(1, k + 1),
+               key=lambda n: sum(a ** i for i in range(n + 1)) / costs.round_s(n))
+
+
+@pytest.mark.parametrize("ratios", [BUMPY_RATIOS, EPYC_RATIOS], ids=["xeon", "epyc"])
+@pytest.mark.parametrize("alpha", [0.8, 0.9, 0.97])
+def test_a_copys_draft_ends_at_the_brute_force_peak_on_each_cpus_curve(ratios, alpha):
+    """Both machines' calibrated curves: the length auto chooses for a lookup is the peak of
+    E/C at its acceptance, found by trying every length, and the stop rule cuts a chain of
+    sure tokens at their own peak (within that length), however bumpy the curve."""
+    st = state_for(ratios, t1=0.0136)
+    fixed_acceptance(st, "lookup-long", alpha)
+    policy = AutoDraftLength(st)
+    k = policy.choose("lookup", match=20)
+    assert k == peak_of_e_over_c(st, len(ratios) - 1, alpha)
+    assert lookup_cut(policy, [1.0] * k) == peak_of_e_over_c(st, k)
 
 
 def test_in_a_shared_batch_drafts_must_raise_the_batchs_rate():
