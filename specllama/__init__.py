@@ -28,6 +28,7 @@ from .engine.loop.events import (
     TextFlushed,
     TokensAccepted,
 )
+from .engine.loop.linestops import Deadline, Indent
 from .engine.loop.stats import Stats
 from .engine.loop.textstream import Repeat
 from .engine.penalties import Penalties
@@ -54,6 +55,7 @@ __all__ = [
     "ConstraintError",
     "ConstraintSpec",
     "ContextOverflowError",
+    "Deadline",
     "DraftDerivationError",
     "Drafters",
     "DraftProposed",
@@ -62,6 +64,7 @@ __all__ = [
     "Repeat",
     "GenerationResult",
     "GenerationStream",
+    "Indent",
     "IncompatiblePairError",
     "InvalidParameterError",
     "ModelLoadError",

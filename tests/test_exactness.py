@@ -694,7 +694,8 @@ def test_a_model_draft_ends_with_a_token_that_ends_generation(chain_setup):
     from specllama.engine.drafting.model import ModelDrafter
 
     dec, _, prompt = chain_setup
-    made = dec._chain(Drafters.parse("model"), SamplingParams(), 3, False, None).drafters[0]
+    made = dec._chain(Drafters.parse("model"), SamplingParams(), 3, False, None,
+                      None).drafters[0]
     assert isinstance(made, ModelDrafter) and made.ends(dec.target.eos)
     assert not made.ends(prompt[-1])
     plain = ModelDrafter(dec.draft_model)

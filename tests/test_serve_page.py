@@ -243,6 +243,29 @@ def test_lookup_drafts_on_a_copy_prompt_show_green(server, browser):
     tab.close()
 
 
+def test_drafts_from_a_prediction_show_in_their_own_colour(server, browser):
+    """The prediction box sends OpenAI's `prediction`; its drafts are pink while verified
+    and keep a pink mark once accepted."""
+    question = "Tell me about the sea"
+    answer = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": server.model, "temperature": 0,
+        "messages": [{"role": "user", "content": question}]}).json()
+    answer = answer["choices"][0]["message"]["content"]
+    tab = browser.tab(server.url + "/")
+    tab.wait("document.documentElement.dataset.ready === '1'")
+    assert tab.eval("document.querySelector('.leg.draft.prediction').textContent") == \
+        "Draft from your prediction"
+    tab.ask(question, temperature="0", prediction=answer)
+    done_turns(tab, 1)
+    seen = tab.last_turn()
+    assert seen["figures"]["text"] == answer
+    marked = tab.eval("document.querySelectorAll('.turn.assistant .token.accepted.prediction')"
+                      ".length")
+    # (a round the end cut short accepted more than it showed)
+    assert 0 < marked <= seen["figures"]["speculative"]["origin_accepted"]["prediction"]
+    tab.close()
+
+
 def test_two_tabs_stream_at_once_under_parallel_2(server, browser):
     tabs = [browser.tab(server.url + "/") for _ in range(2)]
     for tab in tabs:

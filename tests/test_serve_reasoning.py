@@ -217,6 +217,7 @@ def test_responses_count_the_reasoning_tokens(server, chat, responses):
                         temperature=1, seed=seed, logprobs=True, max_tokens=80)
         tokens = [t.token for t in r.choices[0].logprobs.content]
         expected = tokens.index(CLOSE) + 1 if CLOSE in tokens else len(tokens)
+        assert r.usage.completion_tokens_details.reasoning_tokens == expected, seed  # chat's too
         answer = responses.create(model=server.model, input=ASK, temperature=1,
                                   max_output_tokens=80, extra_body={"seed": seed})
         assert answer.usage.output_tokens == len(tokens)

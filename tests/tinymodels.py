@@ -37,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "CHATML",
+    "FIM_TOKENS",
     "THINK_TOKENS",
     "DEFAULT_LOGIT_SCALE",
     "finish_with_vocab_a",
@@ -257,6 +258,35 @@ def _weights(
 #: The reasoning markers ``write_tiny_model(think=...)`` appends, in this order.
 THINK_TOKENS = ("<think>", "</think>")
 
+#: The fill-in-the-middle tokens ``write_tiny_model(fim=True)`` appends, by the GGUF key
+#: naming each (tokenizer.ggml.fim_{key}_token_id). Texts llama.cpp does not know (it
+#: recognises Qwen's "<|fim_prefix|>" and others by text): only the keys make them FIM's.
+FIM_TOKENS = {"pre": "<fim:pre>", "suf": "<fim:suf>", "mid": "<fim:mid>", "pad": "<fim:pad>",
+              "rep": "<fim:repo>", "sep": "<fim:sep>"}
+
+
+def _add_rows(weights: dict[str, np.ndarray], n: int, *, seed: int,
+              logit_scale: float) -> None:
+    """Embedding and output rows for `n` appended control tokens, from their own generator
+    (the other rows stay those of the same seed without them), flatter as control ones."""
+    rng = np.random.default_rng(seed + 6151)
+    n_embd = weights["token_embd.weight"].shape[1]
+    weights["token_embd.weight"] = np.vstack([weights["token_embd.weight"],
+                                              rng.standard_normal((n, n_embd))])
+    rows = rng.standard_normal((n, n_embd)) * 0.5 * logit_scale / np.sqrt(n_embd)
+    weights["output.weight"] = np.vstack([weights["output.weight"], rows])
+
+
+def _pull(weights: dict[str, np.ndarray], token: int, *, seed: int, gain: float) -> None:
+    """`token`'s logit raised at every position: all embeddings share a component along
+    `u` (the final norm keeps it), and the token's output row gets `gain * u`."""
+    rng = np.random.default_rng(seed)
+    n_embd = weights["token_embd.weight"].shape[1]
+    u = rng.standard_normal(n_embd)
+    u /= np.linalg.norm(u)
+    weights["token_embd.weight"] = weights["token_embd.weight"] + 0.5 * np.sqrt(n_embd) * u
+    weights["output.weight"][token] += gain * u
+
 
 def _add_think(weights: dict[str, np.ndarray], *, seed: int, gain: float,
                logit_scale: float) -> None:
@@ -303,6 +333,8 @@ def write_tiny_model(
     add_bos: bool = True,
     add_eos: bool = False,
     think: float = 0.0,
+    fim: bool = False,
+    lines: float = 0.0,
 ) -> Path:
     """Write a tiny random ``llama`` GGUF model to ``path`` and return the path.
 
@@ -325,6 +357,14 @@ def write_tiny_model(
     ``think`` > 0 makes a reasoning model (see ``_add_think``): ``<think>`` and ``</think>``
     appended as one user-defined token each, as Qwen3's are, and ``</think>`` drawn often
     enough that the model closes its reasoning; the larger ``think``, the sooner.
+
+    ``fim=True`` appends the fill-in-the-middle tokens ``FIM_TOKENS`` (control tokens) and
+    the GGUF keys that make them the model's FIM prefix, suffix, middle, pad, repository
+    and file separator, as a code model's (Qwen2.5-Coder's) are.
+
+    ``lines`` > 0 makes the model write a newline often, as code has short lines: every
+    token's embedding gets a component along one direction and the newline byte's output
+    row ``lines`` times it (as ``think`` pulls towards ``</think>``).
     """
     import gguf  # test-only dependency
 
@@ -366,6 +406,11 @@ def write_tiny_model(
     if think > 0:
         entries += [(t, -float(len(entries)), _USER_DEFINED) for t in THINK_TOKENS]
         _add_think(weights, seed=seed, gain=think, logit_scale=logit_scale)
+    if lines > 0:
+        _pull(weights, tok_id["<0x0A>"], seed=seed + 31, gain=lines)
+    if fim:
+        entries += [(t, -float(len(entries)), _CONTROL) for t in FIM_TOKENS.values()]
+        _add_rows(weights, len(FIM_TOKENS), seed=seed, logit_scale=logit_scale)
     texts = [e[0] for e in entries]
     scores = [e[1] for e in entries]
     types = [e[2] for e in entries]
@@ -404,6 +449,9 @@ def write_tiny_model(
     w.add_bool("tokenizer.ggml.add_space_prefix", add_space_prefix)
     if chat_template is not None:
         w.add_string("tokenizer.chat_template", chat_template)
+    if fim:
+        for key, text in FIM_TOKENS.items():
+            w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tok_id[text])
 
     for k, v in weights.items():
         w.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))

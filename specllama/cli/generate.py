@@ -46,6 +46,18 @@ def read_prompt(prompt: str | None) -> str:
     return text
 
 
+def read_prediction(path: str) -> str:
+    """--predict FILE's text, read before any model loads; a one-line error if it cannot be."""
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidParameterError(f"--predict {path} is not UTF-8 text (byte {exc.start})"
+                                    ) from None
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read --predict {path}: "
+                                    f"{exc.strerror or exc}") from None
+
+
 def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
                   system: str | None) -> list[int]:
     """The prompt as the target should see it: in its chat template unless --raw."""
@@ -74,14 +86,18 @@ def prompt_tokens(decoder: SpeculativeDecoder, text: str, chat: bool | None,
 @view_options
 @click.option("--trace", metavar="FILE", help="Write what each round did: FILE.html (a page "
               "to open or share) or FILE.json (the per-round records).")
+@click.option("--predict", metavar="FILE", help="Text the output is expected to resemble "
+              "(the file being edited): drafted first wherever the output is in step with "
+              "it, as OpenAI's Predicted Outputs. The output stays the target's own.")
 @run_options
 def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: bool | None,
              system: str | None, plain: bool, as_json: bool, verbose: bool, show_drafts: bool,
-             pace: int, trace: str | None) -> None:
+             pace: int, trace: str | None, predict: str | None) -> None:
     """Generate text from PROMPT (or stdin) with speculative decoding."""
     err = stderr_console(plain=plain)
     if trace:
         check_trace_path(trace)
+    prediction = read_prediction(predict) if predict is not None else None
     text = read_prompt(prompt)
     decoder, settings = open_decoder(run, err)
     try:
@@ -94,14 +110,16 @@ def generate(run: RunOptions, prompt: str | None, stop: tuple[str, ...], chat: b
         messages.append({"role": "user", "content": text})
         own = decoder.draft_prompt_for(messages) if chat is not False else None
         _generate(decoder, settings, tokens, err, plain=plain, as_json=as_json, why=verbose,
-                  live=bool(show_drafts or pace), pace=pace, trace=trace, draft_prompt=own)
+                  live=bool(show_drafts or pace), pace=pace, trace=trace, draft_prompt=own,
+                  prediction=prediction)
     finally:
         decoder.close()
 
 
 def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[int],
               err: Console, *, plain: bool, as_json: bool, why: bool, live: bool, pace: int,
-              trace: str | None, draft_prompt: list[int] | None = None) -> None:
+              trace: str | None, draft_prompt: list[int] | None = None,
+              prediction: str | None = None) -> None:
     constraint = settings.constraint
     # Constrained output going to a file or a pipe is written whole or not at all: a
     # program reading it never gets half a JSON document.
@@ -118,6 +136,7 @@ def _generate(decoder: SpeculativeDecoder, settings: RunSettings, tokens: list[i
         stop=settings.stop,
         constraint=constraint,
         draft_prompt=draft_prompt,
+        prediction=prediction,
     )
     meter = CpuMeter()  # how much of the CPU others took: the figures' reliability
     meter.start()

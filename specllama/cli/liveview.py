@@ -1,7 +1,8 @@
 """The live terminal view of `--show-drafts`: each round's drafts appear as pending
-(blue), then turn into accepted (green) text, a struck-through rejected tail (dim red)
-and the target's own token (yellow), with a one-line footer of the seed's three
-figures (big-model steps, tokens per step, tokens).
+(blue; magenta where they come from the prediction, `generate --predict`), then turn into
+accepted (green) text, a struck-through rejected tail (dim red) and the target's own token
+(yellow), with a one-line footer of the seed's three figures (big-model steps, tokens per
+step, tokens).
 
 Verified text is written once and left to the terminal to wrap, so it scrolls and
 copies like plain output. Only the *tail* (this round's cells and the footer) is
@@ -32,7 +33,7 @@ from ..engine.loop.events import (
     TokensAccepted,
 )
 from ..engine.loop.textstream import TokenTexts
-from .ui import ACCEPTED, PENDING, TARGET
+from .ui import ACCEPTED, PENDING, PREDICTED, TARGET
 
 REJECTED = "dim red strike"
 _FOOTER = "dim"
@@ -55,7 +56,7 @@ class LiveDrafts:
         self._pace = pace_ms / 1000
         self._width = width
         self._console = Console(file=out, force_terminal=True, highlight=False)
-        styles = (ACCEPTED, TARGET, PENDING, REJECTED, _FOOTER)
+        styles = (ACCEPTED, TARGET, PENDING, PREDICTED, REJECTED, _FOOTER)
         self._codes = {s: self._codes_for(s) for s in styles}
         self._texts = TokenTexts(piece)
         self.printed = ""  # verified text written so far
@@ -84,7 +85,9 @@ class LiveDrafts:
             with _ctrl_c_after():
                 self._erase()
                 self._write_unwritten()
-                self._draw([(t, PENDING) for t in self._texts.peek(event.tokens)])
+                origins = event.origins or ("model",) * len(event.tokens)
+                self._draw([(t, PREDICTED if o == "prediction" else PENDING) for t, o in
+                            zip(self._texts.peek(event.tokens), origins)])
             self._pause()
         elif isinstance(event, TokensAccepted):
             self._unwritten.append((event.text, ACCEPTED))

@@ -30,7 +30,7 @@ class TraceToken:
     p: float | None = None  # p_i(d_i) (drafts only; None where never evaluated)
     q: float | None = None  # q_i(d_i)
     target_kind: str | None = None  # correction, bonus or plain (target tokens only)
-    origin: str = ""  # a lookup draft's: where its text was seen (suffixcache.ORIGINS)
+    origin: str = ""  # where a lookup draft was seen (suffixcache.ORIGINS), or "prediction"
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,11 @@ class PageGeneration:
     chips: Sequence[TraceToken]
 
 _CSS = {"accepted": "accepted", "target": "corrected", "rejected": "rejected"}
-#: A lookup draft's origin, as the legend and a chip's title say it.
+#: Where a draft was copied from (a lookup's text, the prediction), as the legend and a
+#: chip's title say it.
 _ORIGIN = {"context": "copied from this context", "session": "copied from an earlier output",
-           "persisted": "copied from the draft cache", "corpus": "copied from the corpus"}
+           "persisted": "copied from the draft cache", "corpus": "copied from the corpus",
+           "prediction": "copied from the prediction (generate --predict)"}
 _TARGET_KIND = {"correction": "correction after a rejection", "bonus": "bonus after a fully "
                 "accepted draft", "plain": "plain step (no draft)"}
 

@@ -24,6 +24,7 @@ from ..policy.cpumeter import BUSY_WARN
 ACCEPTED = "green"
 TARGET = "yellow"
 PENDING = "blue"  # drafts awaiting the verdict (liveview)
+PREDICTED = "magenta"  # drafts from the prediction (generate --predict), awaiting it
 
 
 class TokenPrinter:
@@ -100,7 +101,10 @@ def stats_table(stats: Stats, *, title: str = "specllama", comparison: Compariso
                       f"({stats.acceptance_rate:.1%}); by position {by_pos}")
     elif not stats.forced:
         table.add_row("drafts", "none (target alone)")
-    looked_up = {o: n for o, n in stats.origin_drafted.items() if o != "mtp"}
+    looked_up = {o: n for o, n in stats.origin_drafted.items() if o not in ("mtp", "prediction")}
+    if "prediction" in stats.origin_drafted:
+        table.add_row("prediction", f"{stats.origin_accepted.get('prediction', 0)}/"
+                      f"{stats.origin_drafted['prediction']} drafts from it accepted")
     if "mtp" in stats.origin_drafted:
         table.add_row("mtp drafts", f"{stats.origin_accepted.get('mtp', 0)}/"
                       f"{stats.origin_drafted['mtp']} accepted (the target's own MTP layers)")

@@ -15,6 +15,7 @@ from .constraint import Constraint, ConstraintSpec
 from .drafting import kinds
 from .drafting.chain import DraftChain, Drafters, build_chain, who_drafts
 from .drafting.draftcache import DraftCache
+from .drafting.prediction import Prediction
 from .llama import DraftModel, Model
 from .loop.budget import ReasoningBudget
 from .loop.events import Event, GenerationResult
@@ -161,6 +162,7 @@ class SpeculativeDecoder:
         draft_prompt: Sequence[int] | None = None,
         ignore_eos: bool = False,
         reasoning_budget: ReasoningBudget | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> GenerationResult:
         """Generate to the end; the arguments are those of `stream`."""
         stream = self.stream(prompt, max_tokens=max_tokens, sampling=sampling,
@@ -168,7 +170,7 @@ class SpeculativeDecoder:
                              drafters=drafters, constraint=constraint,
                              logprobs=logprobs, draft_cache=draft_cache,
                              draft_prompt=draft_prompt, ignore_eos=ignore_eos,
-                             reasoning_budget=reasoning_budget)
+                             reasoning_budget=reasoning_budget, prediction=prediction)
         for _ in stream:
             pass
         assert stream.result is not None
@@ -190,6 +192,7 @@ class SpeculativeDecoder:
         draft_prompt: Sequence[int] | None = None,
         ignore_eos: bool = False,
         reasoning_budget: ReasoningBudget | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> GenerationStream:
         """Generate, yielding events as tokens are decided; the result is
         `stream.result` once it ends (also after close() or an interrupt).
@@ -212,17 +215,16 @@ class SpeculativeDecoder:
         prompt (its chat template's rendering of the same conversation, see
         `draft_prompt_for`); None: it reads the target's text. ignore_eos: the target's
         end-of-generation tokens cannot end the answer (`_masks`). reasoning_budget: the
-        reasoning's close marker forced once it has run its tokens (loop/budget.py). Bad
-        arguments raise here, before generating.
+        reasoning's close marker forced once it has run its tokens (loop/budget.py).
+        prediction: text (or target tokens) the output is expected to resemble (OpenAI's
+        Predicted Outputs), drafted first wherever the output follows it
+        (drafting/prediction.py). Bad arguments raise here, before generating.
         """
         params = sampling or SamplingParams()
         _check_arguments(max_tokens, logprobs, reasoning_budget)
-        names = self.default_drafters if drafters is None else \
-            who_drafts(drafters, self.draft_model, self.target.path.name)
         committed = self._prompt(prompt)
         matcher, banned = self._masks(constraint, ignore_eos)
-        chain = self._chain(names, params, draft_max, draft_cache,
-                            matcher if draft_max != 0 else None)
+        chain = self._chain(drafters, params, draft_max, draft_cache, matcher, prediction)
         policy = make_policy(draft_max, self)  # last: "auto" may measure costs first
         generation = Generation(
             self.target, chain, committed, n_ctx=self.n_ctx, max_tokens=max_tokens,
@@ -265,12 +267,30 @@ class SpeculativeDecoder:
                                   if self.target.is_eog(t)], dtype=np.int64)
         return matcher, self._eog
 
-    def _chain(self, names: Drafters, params: SamplingParams, draft_max: DraftMax,
-               draft_cache: bool, constraint: Constraint | None) -> DraftChain:
-        """Who drafts this call. A seed repeats sampled output for a fixed draft length
+    def _prediction(self, prediction: str | Sequence[int] | None) -> Prediction | None:
+        """The prediction in target tokens: text as the output would spell it (no BOS,
+        special tokens as plain text), and whether the tokenizer added a space to it."""
+        if isinstance(prediction, str):
+            tokens = self.target.tokenize(prediction, add_bos=False, special=False)
+            spelled = b"".join(self.target.piece(t) for t in tokens)
+            return Prediction(tuple(tokens), spelled == b" " + prediction.encode())
+        tokens = [] if prediction is None else [int(t) for t in prediction]
+        if any(not 0 <= t < self.target.n_vocab for t in tokens):
+            raise InvalidParameterError(f"prediction holds a token id outside the target's "
+                                        f"vocabulary (0 to {self.target.n_vocab - 1})")
+        return Prediction(tuple(tokens))
+
+    def _chain(self, drafters: DraftersArg | None, params: SamplingParams,
+               draft_max: DraftMax, draft_cache: bool, constraint: Constraint | None,
+               prediction: str | Sequence[int] | None) -> DraftChain:
+        """Who drafts this call (draft_max 0: nobody, not even a constraint's forced
+        tokens or the prediction). A seed repeats sampled output for a fixed draft length
         (README), and only if the drafts repeat too: then lookups copy from the context
         and the corpus, which earlier calls do not change (auto's lengths follow timings:
         no such promise)."""
+        names = self.default_drafters if drafters is None else \
+            who_drafts(drafters, self.draft_model, self.target.path.name)
+        predicted = self._prediction(prediction) if draft_max != 0 else None
         history = params.greedy or params.seed is None or not isinstance(draft_max, int)
         archives = self.draft_cache.archives(history) if draft_cache else []
         # Shadow acceptance reads its rows at earlier positions as predictions there:
@@ -278,9 +298,11 @@ class SpeculativeDecoder:
         shadow = self.draft_model is not None and self.draft_model.traits.shadow
         return build_chain(names, model=self.draft_model, p_min=self.p_min,
                            ends=self.target.is_eog, shadow=shadow,
-                           archives=archives, constraint=constraint,
+                           archives=archives,
+                           constraint=constraint if draft_max != 0 else None,
                            ahead=AHEAD_MAX if self.draft_threads else 0,
-                           ahead_threads=self.draft_threads)
+                           ahead_threads=self.draft_threads, prediction=predicted,
+                           piece=self.target.piece)
 
     def set_threads(self, threads: int, draft_threads: int = 0) -> None:
         """Decode on `threads` threads in all. draft_threads > 0: the draft model drafts
@@ -328,7 +350,8 @@ class SpeculativeDecoder:
 def _check_arguments(max_tokens: int, logprobs: int | None,
                      reasoning_budget: ReasoningBudget | None) -> None:
     """stream's arguments that no other layer checks: InvalidParameterError naming one."""
-    validate_setting("max_tokens", max_tokens)
+    if type(max_tokens) is not int or max_tokens != 0:  # 0: the prompt only, nothing drawn
+        validate_setting("max_tokens", max_tokens)
     if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
         raise InvalidParameterError(f"logprobs must be a whole number from 0 to 20, "
                                     f"not {logprobs!r}")

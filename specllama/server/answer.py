@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .. import GenerationResult
+from ..engine.loop.linestops import Deadline, Indent
 from .prompts import Work
 from .reasoning import Splitter
 from .tools import OPEN, parse_calls
@@ -97,6 +98,8 @@ class Answer:
             for kind, part in self._split.end():
                 out += self._reason(part) if kind == "reasoning" else self._answer(part)
         finish: Finish = _ENDS.get(result.finish_reason, "stop")
+        if isinstance(result.stopped_by, Indent | Deadline):  # a limit, as llama-server says
+            finish = "length"
         calls: tuple[Call, ...] = ()
         if self._held:
             found = parse_calls(self._held, finish == "length")

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from ..engine.llama import Vocabulary
 from .access import authorize, check_model
+from .apis.infill import InfillDialect
 from .apis.messages import MessagesDialect
 from .apis.openai import OpenAI
 from .apis.responses import ResponsesDialect
@@ -148,6 +149,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
 
     chat, completion = OpenAI(ChatRequest), OpenAI(CompletionRequest)
     rounds = RoundsDialect(worker.draft_max, worker.drafters)
+    infill = InfillDialect(vocab, config.model_id)  # llama-server's, for code editors
     routes = [
         Route("/health", api.health),
         route("/metrics", openai, api.metrics),
@@ -161,6 +163,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
         route("/v1/messages", api.messages, serve(api.messages), "POST"),
         route("/v1/messages/count_tokens", api.messages, api.count_tokens, "POST"),
         route("/v1/rounds", rounds, serve(rounds), "POST"),
+        route("/infill", infill, serve(infill), "POST"),
         *page_routes(),
     ]
 

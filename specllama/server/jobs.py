@@ -212,6 +212,7 @@ class Slot(InProcess):
             logprobs=work.logprobs,
             ignore_eos=work.ignore_eos,
             reasoning_budget=work.reasoning_budget,
+            prediction=work.prediction or None,
             draft_prompt=self.decoder.draft_prompt_for(
                 [{"role": r, "content": c} for r, c in work.turns]) if work.turns else None,
         )

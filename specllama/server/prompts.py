@@ -15,11 +15,12 @@ from .. import (
     Drafters,
     InvalidParameterError,
     Penalties,
-    Repeat,
     SamplingParams,
 )
 from ..engine.llama import Vocabulary
 from ..engine.loop.budget import ReasoningBudget
+from ..engine.loop.textstream import Stop
+from . import fim
 from .reasoning import (
     Format,
     Markers,
@@ -62,7 +63,7 @@ class Work:
     tokens: list[int]
     max_tokens: int
     sampling: SamplingParams
-    stop: tuple[str | Repeat, ...]
+    stop: tuple[Stop, ...]  # strings, and rules (a call made twice, n_indent, ...)
     constraint: ConstraintSpec | None = None
     logprobs: int | None = None  # None: none; n: the chosen token's and the n likeliest
     # A chat's (role, content) turns: a draft of another family renders them in its own
@@ -81,6 +82,9 @@ class Work:
     reasoning_budget: ReasoningBudget | None = None
     # The request's field that asked for the constraint (its errors name it).
     constraint_from: str = "response_format"
+    # OpenAI's Predicted Outputs: text the answer is expected to resemble, drafted first
+    # wherever the answer is in step with it (engine/drafting/prediction.py); "": none.
+    prediction: str = ""
 
 
 def build_work(
@@ -100,10 +104,13 @@ def build_work(
         if not extra_stop and not _has_tools(req):  # rendered by the target's template
             turns = tuple((t["role"], t["content"]) for t in _turns(req))
     else:
-        kind, tokens, extra_stop, param = "completion", _tokenize(vocab, req.text()), (), \
-            "prompt"
+        # A fill-in-the-middle prompt where the request has a suffix (fim.py).
+        kind, extra_stop, param = "completion", (), "prompt"
+        tokens = fim.prompt_tokens(vocab, req, n_ctx, defaults.max_tokens) or \
+            _tokenize(vocab, req.text())
     _check_prompt(tokens, n_ctx, param)
-    max_tokens = _token_limit(req, n_ctx) or defaults.max_tokens
+    limit = _token_limit(req, n_ctx)
+    max_tokens = defaults.max_tokens if limit is None else limit
     sampling = _sampling(req, defaults.sampling)
     if spec is None:
         spec = requested(req, defaults.constraint)
@@ -115,10 +122,12 @@ def build_work(
         spec = _after_reasoning(spec, found, source)
     # Several calls in one answer: a call made a second time ends the answer (tools.py).
     repeat = (REPEATED_CALL,) if use is not None and use.parallel else ()
-    return Work(kind, tokens, max_tokens, sampling, req.stops + extra_stop + repeat, spec,
+    stops = req.stops + extra_stop + repeat + fim.line_stops(req)
+    return Work(kind, tokens, max_tokens, sampling, stops, spec,
                 req.n_logprobs, turns, use, found, ignore_eos=req.ignore_eos,
                 reasoning_budget=_budget(vocab, found, req),
-                constraint_from=source or "response_format")
+                constraint_from=source or "response_format",
+                prediction=req.prediction.text() if req.prediction else "")
 
 
 def _budget(vocab: Vocabulary, found: Markers | None,
@@ -157,6 +166,8 @@ def _token_limit(req: ChatRequest | CompletionRequest, n_ctx: int) -> int | None
     Code's 32000: the answer runs until the window is full (finish "context": OpenAI's
     "length", Anthropic's model_context_window_exceeded); n_ctx never ends it sooner."""
     asked = req.token_limit
+    if fim.prompt_only(req):
+        return 0
     if req.n_predict is not None:
         if req.n_predict == 0 or req.n_predict < -1:
             raise APIError(400, f"n_predict must be -1 (as many tokens as fit) or at least "

@@ -12,22 +12,17 @@ the time json.loads takes, not after a second of validation on the event loop.
 from __future__ import annotations
 
 import gc
-import itertools
 import json
-import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from .surrogates import SURROGATE_ESCAPE, NestedTooDeep, lone_surrogate
 
 # Pydantic error types that mean "a value out of range" rather than "the wrong shape".
 _RANGE_ERRORS = {
     "greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
 }
-# A JSON escape of a UTF-16 surrogate: the only way a lone one gets into a decoded body.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-# Nodes the search for a lone surrogate's path may visit before it names only the field.
-_WALK_BUDGET = 10_000
 
 MAX_MESSAGES = 2048  # OpenAI's
 MAX_STOP = 4  # OpenAI's
@@ -159,7 +154,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
-    "prediction": (None,),
     # llama-server's samplers that specllama does not have (docs/apis.md): each off at
     # its no-op value. A sampler's other fields (dry_base, xtc_threshold, mirostat_tau,
     # dynatemp_exponent, ...) change nothing while it is off, as in
@@ -171,6 +165,21 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n_probs": (None, 0), "post_sampling_probs": (None, False),  # here: logprobs
     "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
 }
+
+
+class Prediction(_Body):
+    """OpenAI's Predicted Outputs: text the answer is expected to resemble (the file being
+    edited), drafted from wherever the answer is in step with it (engine/drafting/
+    prediction.py); the answer is the model's own all the same. `type` is checked first
+    (`_check_prediction`): anything but "content" is a 400 naming it."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
 
 
 class _Request(_Body):
@@ -201,8 +210,11 @@ class _Request(_Body):
     repeat_penalty: Annotated[float | None, Field(gt=0)] = None
     repetition_penalty: Annotated[float | None, Field(gt=0)] = None
     repeat_last_n: Annotated[int | None, Field(ge=-1)] = None
+    prediction: Prediction | None = None
     # The most items each array field may hold (see `_check_sizes`).
     limits: ClassVar[dict[str, int]] = {"stop": MAX_STOP}
+    # The fields of UNSUPPORTED this API honours (the others get their 400).
+    honours: ClassVar[frozenset[str]] = frozenset()
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -252,7 +264,13 @@ class ChatRequest(_Request):
 class CompletionRequest(_Request):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
     logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API: how many likeliest
+    # Fill in the middle (server/fim.py): the text after the completion, then llama-server's
+    # stops for editors: a line less indented than n_indent, a newline past the time.
+    suffix: str | None = None
+    n_indent: int = Field(0, ge=0)
+    t_max_predict_ms: int = Field(0, ge=0)
     limits: ClassVar[dict[str, int]] = {**_Request.limits, "prompt": 1}
+    honours: ClassVar[frozenset[str]] = frozenset({"suffix", "n_indent", "t_max_predict_ms"})
 
     @property
     def n_logprobs(self) -> int | None:
@@ -281,10 +299,15 @@ def parse(body: bytes, kind: type[_Request]) -> Any:
     except ValueError:  # Python's limit on the digits of an integer (sys.int_info)
         raise APIError(400, "the request body holds a number with too many digits") from None
     if isinstance(data, dict):  # the cheap checks first: none walks an array's items
-        _check_unsupported(data)
+        _check_unsupported(data, kind.honours)
+        _check_prediction(data.get("prediction"))
         _check_sizes(data, kind)
-    if _SURROGATE_ESCAPE.search(text):
-        path = _lone_surrogate(data, kind)
+    if SURROGATE_ESCAPE.search(text):
+        try:
+            path = lone_surrogate(data, kind.model_fields)
+        except NestedTooDeep as exc:
+            raise APIError(400, f"{exc.name or 'the request body'}: JSON nested too deeply to "
+                           "read", param=exc.name) from None
         if path is not None:
             raise APIError(
                 400,
@@ -316,13 +339,23 @@ def _loads(text: str) -> Any:
             gc.enable()
 
 
-def _check_unsupported(data: dict[str, Any]) -> None:
+def _check_unsupported(data: dict[str, Any], honoured: frozenset[str]) -> None:
     # Comparing with None, {} or a one-item list is O(1) whatever the client sent.
     for name, no_op in UNSUPPORTED.items():
-        if name in data and not any(data[name] == v and type(data[name]) is type(v)
-                                    for v in no_op):
+        if name in data and name not in honoured and not any(
+                data[name] == v and type(data[name]) is type(v) for v in no_op):
             raise APIError(400, f"{name} is not supported by this server (specllama "
                            "serve); leave it out", param=name, code="unsupported_parameter")
+
+
+def _check_prediction(prediction: Any) -> None:
+    """OpenAI's one kind of prediction: its text ("content"). Another is a 400 naming
+    prediction.type, not a 422 about a literal."""
+    kind = prediction.get("type") if isinstance(prediction, dict) else None
+    if isinstance(prediction, dict) and kind != "content":
+        raise APIError(400, f"prediction.type must be \"content\" (text the answer is "
+                       f"expected to resemble), got {json.dumps(kind)}",
+                       param="prediction.type", code="unsupported_parameter")
 
 
 def _check_sizes(data: dict[str, Any], kind: type[_Request]) -> None:
@@ -347,49 +380,3 @@ def _check_sizes(data: dict[str, Any], kind: type[_Request]) -> None:
                 raise APIError(400, f"Invalid 'messages[{i}].{field}': the messages hold more "
                                f"than {MAX_PARTS} content parts and tool calls in all",
                                param="messages", code="array_above_max_length")
-
-
-def _lone_surrogate(data: Any, kind: type[_Request]) -> list[str] | None:
-    """The path to the first string (or key) holding an unpaired surrogate, or None.
-
-    Only the fields `kind` reads (the rest are dropped unread), each searched whole in C
-    (json.dumps, a regex) and walked only if one is there; a walk that has not found it
-    within _WALK_BUDGET nodes names the field alone. So no Python loop runs over a
-    million items."""
-    if not isinstance(data, dict):
-        return [] if _holds_surrogate(data, None) else None
-    for name in kind.model_fields:
-        if name in data and _holds_surrogate(data[name], name):
-            return [name, *(_walk(data[name]) or [])]
-    return None
-
-
-def _holds_surrogate(value: Any, name: str | None) -> bool:
-    try:
-        return _SURROGATE.search(json.dumps(value, ensure_ascii=False)) is not None
-    except RecursionError:  # json.loads read it a few frames shallower than this
-        raise APIError(400, f"{name or 'the request body'}: JSON nested too deeply to read",
-                       param=name) from None
-
-
-def _walk(value: Any) -> list[str] | None:
-    """The path within `value` to its first string or key with a lone surrogate; None
-    when the budget runs out first. A loop, not recursion: it may be nested deep."""
-    todo: list[tuple[list[str], Any]] = [([], value)]
-    budget = _WALK_BUDGET
-    while todo and budget > 0:
-        path, value = todo.pop()
-        budget -= 1
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                return path
-        elif isinstance(value, dict):
-            pairs = list(itertools.islice(value.items(), budget))
-            for key, _ in pairs:
-                if _SURROGATE.search(key):
-                    return path
-            todo += [([*path, key], item) for key, item in reversed(pairs)]
-        elif isinstance(value, list):  # only as many items as the budget could visit
-            todo += [([*path, str(i)], value[i]) for i in reversed(range(min(len(value),
-                                                                             budget)))]
-    return None

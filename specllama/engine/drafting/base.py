@@ -26,10 +26,12 @@ import numpy as np
 from ..constraint import Constraint
 from ..sampling import SamplingParams
 
-#: Where a drafted token came from: a constraint forced it, the draft model drew it, or a
+#: Where a drafted token came from: a constraint forced it, the draft model drew it, a
 #: lookup copied it from text seen in this call's context, earlier calls of this process,
-#: the persisted cache of earlier processes, or the user's corpus.
-Origin = Literal["forced", "model", "mtp", "context", "session", "persisted", "corpus"]
+#: the persisted cache of earlier processes or the user's corpus, or it was copied from
+#: the request's own prediction of its output (prediction.py).
+Origin = Literal["forced", "model", "mtp", "context", "session", "persisted", "corpus",
+                 "prediction"]
 #: What a round is priced as: a draft model's draft (draft steps) or a lookup (none).
 Source = Literal["model", "lookup"]
 #: What a drafter does at draft row j, once it has read the row: "stop" (token j is not

@@ -14,6 +14,10 @@ Names:
 - `mtp`: the target's own MTP layers in the draft model's place (engine/llama/mtp.py),
   for a target that has them and no draft model.
 
+A request's prediction of its output (prediction.py) is no name here: given, it joins
+whatever chain is in play, first (after a constraint's forced tokens), "none" included;
+only a draft length of 0 leaves it out.
+
 `hybrid` is `lookup,model`: the default with a draft model; `lookup` without one;
 `none` is nobody (the target alone). `who_drafts` is the one rule from what was asked to
 the drafters of a pair.
@@ -32,6 +36,7 @@ from .following import Archives
 from .forced import ForcedDrafter
 from .lookup import LookupDrafter
 from .model import ModelDrafter
+from .prediction import Prediction, PredictionDrafter
 
 DRAFTER_NAMES = ("lookup", "model", "lookup>model", "mtp")
 #: Words for common chains (the former draft modes).
@@ -176,15 +181,20 @@ class DraftChain:
 def build_chain(names: Drafters, *, model: DraftModel | None, p_min: float,
                 ends: Callable[[int], bool], shadow: bool, archives: Archives,
                 constraint: Constraint | None = None, ahead: int = 0,
-                ahead_threads: int = 0) -> DraftChain:
+                ahead_threads: int = 0, prediction: Prediction | None = None,
+                piece: Callable[[int], bytes] | None = None) -> DraftChain:
     """The chain of `names` (checked against the draft model's place: Drafters.check) over the
     pair's draft model (None: none loaded) and what lookups may copy from; `constraint`:
     its forced tokens first; `ahead`: the draft model drafts that many tokens ahead, on
-    `ahead_threads` threads, while the target verifies."""
+    `ahead_threads` threads, while the target verifies; `prediction`: the request's
+    prediction of its output, drafting before the others (`piece`: a target token's
+    bytes, to follow the output's text where its tokens differ)."""
     names.check(draft_kind(model))
     lookup = LookupDrafter(archives=archives) if {"lookup", "lookup>model"} & set(names) \
         else None
     drafters: list[Drafter] = [ForcedDrafter(constraint)] if constraint is not None else []
+    if prediction is not None and prediction.tokens:
+        drafters.append(PredictionDrafter(prediction, piece))
     drafted_by_model = False
     for name in names:
         if name == "lookup":

@@ -118,7 +118,7 @@ class LookupDrafter:
         if self.feeds is not None and self.feeds.drafting and self.follows():
             return Draft()
         chain = self.continuation(ask.context, ask.choose("lookup", self.match_length()))
-        return _lookup_draft(chain, ask)
+        return lookup_draft(chain, ask)
 
     def accept(self, committed: Sequence[int], alone_p: float | None = None) -> None:
         self.index.sync(committed)
@@ -243,7 +243,7 @@ class LookupDrafter:
         return out[:k]
 
 
-def _lookup_draft(chain: Continuation | None, ask: Ask) -> Draft:
+def lookup_draft(chain: Continuation | None, ask: Ask) -> Draft:
     """A lookup chain, cut where the policy's `extend` says its next token is not worth
     verifying at its probability, or where a constraint stops allowing it: a token it
     forbids has p = 0, so verifying it would be a step spent for nothing."""

@@ -9,7 +9,7 @@ checks a pair as llama.cpp would (`compat`) and what reports the caches (`kvrepo
 from .model import Model
 from .quantize import LLAMA_CPP_VERSION, QUANT_TYPES, quantize
 from .views import DraftModel, DraftTraits, KVState, LogitsWanted, ModelView
-from .vocab import Vocabulary
+from .vocab import FimTokens, Vocabulary
 
-__all__ = ["LLAMA_CPP_VERSION", "QUANT_TYPES", "DraftModel", "DraftTraits", "KVState",
+__all__ = ["LLAMA_CPP_VERSION", "QUANT_TYPES", "DraftModel", "DraftTraits", "FimTokens", "KVState",
            "LogitsWanted", "Model", "ModelView", "Vocabulary", "quantize"]

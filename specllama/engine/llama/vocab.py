@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,26 @@ from ...errors import ModelLoadError
 from . import backend
 from .backend import lc  # llama_cpp, imported there with the fix for a broken install
 from .gguf import check_gguf_file
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A model's fill-in-the-middle tokens as llama.cpp reads them (the GGUF's
+    tokenizer.ggml.fim_*_token_id, else texts it knows, such as Qwen's <|fim_prefix|>);
+    None where the model has none. `rep` names a repository and `sep` opens a file in
+    the repo-level pattern (llama-server's FIM_REP and FIM_SEP)."""
+
+    pre: int | None
+    suf: int | None
+    mid: int | None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Prefix, suffix and middle: what llama-server's /infill needs."""
+        return self.pre is not None and self.suf is not None and self.mid is not None
 
 
 class Vocabulary:
@@ -70,6 +91,15 @@ class Vocabulary:
     @property
     def adds_eos(self) -> bool:
         return bool(lc.llama_vocab_get_add_eos(self._vocab))
+
+    @property
+    def fim(self) -> FimTokens:
+        """The fill-in-the-middle tokens (llama.cpp answers -1 for one it lacks)."""
+        def get(name: str) -> int | None:
+            token = int(getattr(lc, f"llama_vocab_fim_{name}")(self._vocab))
+            return None if token < 0 else token
+
+        return FimTokens(*(get(n) for n in ("pre", "suf", "mid", "pad", "rep", "sep")))
 
     def token_text(self, token: int) -> bytes:
         """The raw vocabulary entry (e.g. '▁the', '<0x0A>'), as llama.cpp compares vocabs."""
@@ -199,3 +229,16 @@ class Vocabulary:
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def render(self, tokens: list[int]) -> str:
+        """The tokens as text with control tokens spelt out ("<s>", "<|fim_prefix|>"), as
+        llama-server shows a prompt back."""
+        out = []
+        for token in tokens:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, True)
+            if n < 0:  # a longer piece: -n bytes
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+            out.append(buf.raw[: max(n, 0)])
+        return b"".join(out).decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@ from typing import Literal
 
 from ..drafting.base import NO_WORK, ModelWork, Origin, Source
 from .stats import Stats
+from .textstream import Stop
 
 # "error": an exception ended the generation (the caches are still consistent).
 FinishReason = Literal["eos", "length", "stop", "context", "interrupted", "error"]
@@ -37,6 +38,7 @@ class GenerationResult:
     # Under a constraint: whether the output is complete by it (None: no constraint).
     constraint_met: bool | None = None
     stop_string: str | None = None  # the stop string that ended the text (reason "stop")
+    stopped_by: Stop | None = None  # whichever stop ended it: a string, or a rule
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class DraftProposed:
 
     tokens: tuple[int, ...]
     source: Source = "model"
+    #: Where each token came from (a view colours a prediction's drafts apart).
+    origins: tuple[Origin, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,9 @@ class Generation:
             # any other close does.
             yield from self._evaluate_prompt()
             start, began = self._clock(), True
+            self.text.begin()
+            if self.max_tokens == 0:  # the prompt only, into the caches (a cache warm-up)
+                self.finish = "length"
             while self.finish is None:
                 limit = self._draft_limit()
                 if limit is None:
@@ -147,7 +150,8 @@ class Generation:
                 draft = self.chain.draft(Ask(self.committed, limit, self.policy,
                                              self.params, self.rng, self.constraint))
                 if draft.tokens:
-                    yield DraftProposed(tuple(draft.tokens), draft.source)
+                    yield DraftProposed(tuple(draft.tokens), draft.source,
+                                        tuple(draft.origins))
                 verdict, rows = self._verify(draft)
                 done = self._commit(draft, verdict)
                 record = self._record(draft, verdict, rows, done, clock)
@@ -318,7 +322,7 @@ class Generation:
             self.generated, self.text.text, finish, self.stats, self.n_prompt,
             None if self.logprobs is None else tuple(self.token_logprobs),
             None if self.constraint is None else self.constraint.complete,
-            self.text.matched if finish == "stop" else None)
+            self.text.matched if finish == "stop" else None, self.text.ended_by)
 
     def _clock(self) -> Clock:
         return Clock(self.target.decode_s, self.chain.decode_s, time.perf_counter())

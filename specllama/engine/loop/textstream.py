@@ -11,6 +11,8 @@ import codecs
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .linestops import Deadline, DeadlineWatch, Indent, IndentWatch
+
 
 @dataclass(frozen=True)
 class Repeat:
@@ -22,7 +24,8 @@ class Repeat:
     closing: str
 
 
-Stop = str | Repeat
+#: What ends the text: a stop string, a repeated block, or an editor's rule (linestops.py).
+Stop = str | Repeat | Indent | Deadline
 
 
 class TextStream:
@@ -30,6 +33,11 @@ class TextStream:
         self._piece = piece
         self._stops = [s for s in stops if isinstance(s, str) and s]
         self._repeat = next((s for s in stops if isinstance(s, Repeat)), None)
+        self._indent = next((IndentWatch(s) for s in stops if isinstance(s, Indent)), None)
+        self._deadline = next((DeadlineWatch(s) for s in stops if isinstance(s, Deadline)),
+                              None)
+        # Nothing to look for: text goes out as it comes (the usual case, on every round).
+        self._plain = not self._stops and not any((self._repeat, self._indent, self._deadline))
         self._blocks: set[str] = set()  # the blocks written so far
         self._scan = 0  # where in the text the next block may open
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -37,6 +45,12 @@ class TextStream:
         self.text = ""  # everything released so far
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text
+        self.ended_by: Stop | None = None  # whichever stop ended it
+
+    def begin(self) -> None:
+        """The generation begins (its prompt is in the caches): a deadline counts from now."""
+        if self._deadline is not None:
+            self._deadline.begin()
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Add tokens; return the newly releasable text."""
@@ -51,21 +65,24 @@ class TextStream:
             return ""
         rest = self._held + self._utf8.decode(b"", final=True)
         self._held = ""
+        if self._indent is not None and (cut := self._indent.cut(rest)) >= 0:
+            rest, self.stopped, self.ended_by = rest[:cut], True, self._indent.rule
         self.text += rest
         return rest
 
     def _release(self, candidate: str) -> str:
-        if not self._stops and self._repeat is None:
-            self._held = ""
+        if self._plain:
             self.text += candidate
             return candidate
-        found: list[tuple[int, str | None]] = [
+        found: list[tuple[int, Stop]] = [
             (i, s) for s in self._stops if (i := candidate.find(s)) >= 0]
         repeat, keep = self._repeated(candidate)
-        if repeat >= 0:
-            found.append((repeat, None))
+        if repeat >= 0 and self._repeat is not None:
+            found.append((repeat, self._repeat))
+        found += self._rules(candidate)
         if found:
-            cut, self.matched = min(found, key=lambda f: f[0])
+            cut, self.ended_by = min(found, key=lambda f: f[0])
+            self.matched = self.ended_by if isinstance(self.ended_by, str) else None
             self.stopped = True
             self._held = ""
             out = candidate[:cut]
@@ -80,7 +97,17 @@ class TextStream:
         out = candidate[: len(candidate) - hold]
         self._held = candidate[len(candidate) - hold :]
         self.text += out
+        if self._indent is not None:
+            self._indent.advance(out)
         return out
+
+    def _rules(self, candidate: str) -> list[tuple[int, Stop]]:
+        """Where the editors' rules end `candidate` (linestops.py), if they do."""
+        found: list[tuple[int, Stop]] = []
+        for watch in (self._indent, self._deadline):
+            if watch is not None and (cut := watch.cut(candidate)) >= 0:
+                found.append((cut, watch.rule))
+        return found
 
     def _repeated(self, candidate: str) -> tuple[int, int]:
         """Where in `candidate` a block repeating an earlier one begins (-1: none), and

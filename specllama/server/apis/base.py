@@ -8,6 +8,7 @@ queue, cancellation, the engine and its failures.
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,3 +97,23 @@ class Dialect(Protocol, Generic[R]):
 def dumps(body: Body) -> str:
     """A JSON body for an event's data: UTF-8 text as it is, not escaped."""
     return json.dumps(body, ensure_ascii=False)
+
+
+def reasoning_tokens(work: Work, whole: Whole, result: GenerationResult, reply: Reply) -> int:
+    """The output tokens up to the end of the reasoning (its close marker included):
+    counted from the tokens' pieces, as the engine does not tell the two apart. Counted
+    in characters as the text decodes them, not in bytes: a byte the text could not
+    decode is one U+FFFD there, three bytes long."""
+    if work.reasoning is None or whole.reasoning is None:
+        return 0
+    text = result.text
+    end = text.find(work.reasoning.close)
+    limit = len(text) if end < 0 else end + len(work.reasoning.close)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    count = size = 0
+    for token in result.tokens:
+        if size >= limit:
+            break
+        size += len(decoder.decode(reply.piece(token)))
+        count += 1
+    return count

@@ -16,20 +16,31 @@ from ... import GenerationResult
 from ..answer import Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
 from ..schema import APIError, ChatRequest, CompletionRequest, parse
-from .base import SSE, Body, Reply, Wanted, Writer, dumps
+from .base import SSE, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
 from .figures import EXTRA_KEY
 
 Q = TypeVar("Q", ChatRequest, CompletionRequest)
 
 
-def usage(result: GenerationResult) -> Body:
+def usage(result: GenerationResult, reasoning: int = 0) -> Body:
+    """OpenAI's usage, its details always there as OpenAI sends them (zeros where
+    nothing counts). A prediction's tokens as OpenAI counts them: those drafted from it
+    that the target accepted (part of completion_tokens) and those it turned down,
+    drafted past a rejection included (not part of it: OpenAI bills them, nothing here
+    costs money)."""
     completion = len(result.tokens)
+    s = result.stats
     return {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": result.prompt_tokens + completion,
         # OpenAI's name for prompt tokens served from a cache: here, the KV caches.
-        "prompt_tokens_details": {"cached_tokens": result.stats.prompt_reused},
+        "prompt_tokens_details": {"cached_tokens": s.prompt_reused, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": reasoning, "audio_tokens": 0,
+            "accepted_prediction_tokens": s.origin_accepted.get("prediction", 0),
+            "rejected_prediction_tokens": s.origin_drafted.get("prediction", 0)
+            - s.origin_accepted.get("prediction", 0)},
     }
 
 
@@ -108,7 +119,7 @@ class OpenAI(Generic[Q]):
             "created": reply.created,
             "model": reply.model,
             "choices": [choice],
-            "usage": usage(result),
+            "usage": usage(result, reasoning_tokens(reply.work, whole, result, reply)),
             EXTRA_KEY: extra,
         }
 
@@ -182,7 +193,8 @@ class Chunks:
         out = [*self.pieces(tail),
                self._chunk([self._delta({}, whole.finish, lps)], **{EXTRA_KEY: extra})]
         if self.include_usage:
-            out.append(self._chunk([], usage=usage(result), **{EXTRA_KEY: extra}))
+            reasoning = reasoning_tokens(self.reply.work, whole, result, self.reply)
+            out.append(self._chunk([], usage=usage(result, reasoning), **{EXTRA_KEY: extra}))
         return [*out, {"data": "[DONE]"}]
 
     def error(self, exc: APIError) -> list[SSE]:

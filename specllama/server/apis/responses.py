@@ -11,7 +11,6 @@ max_output_tokens), with the same ids as the final Response.
 
 from __future__ import annotations
 
-import codecs
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from ... import GenerationResult
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
 from ..schema import APIError, ChatRequest, parse
-from .base import SSE, Body, Reply, Wanted, Writer, dumps
+from .base import SSE, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
 from .figures import EXTRA_KEY
 from .responses_schema import FunctionCallItem, MessageItem, ResponsesRequest, Turn, turns
 from .responses_store import ResponsesStore, stored
@@ -147,26 +146,6 @@ def usage(result: GenerationResult, reasoning_tokens: int) -> Body:
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": result.prompt_tokens + output,
     }
-
-
-def reasoning_tokens(work: Work, whole: Whole, result: GenerationResult, reply: Reply) -> int:
-    """The output tokens up to the end of the reasoning (its close marker included):
-    counted from the tokens' pieces, as the engine does not tell the two apart. Counted
-    in characters as the text decodes them, not in bytes: a byte the text could not
-    decode is one U+FFFD there, three bytes long."""
-    if work.reasoning is None or whole.reasoning is None:
-        return 0
-    text = result.text
-    end = text.find(work.reasoning.close)
-    limit = len(text) if end < 0 else end + len(work.reasoning.close)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    count = size = 0
-    for token in result.tokens:
-        if size >= limit:
-            break
-        size += len(decoder.decode(reply.piece(token)))
-        count += 1
-    return count
 
 
 class ResponsesDialect:

@@ -160,6 +160,8 @@ class Reasoning(_Model):
 
 
 class ResponsesRequest(_Model):
+    # The fields of UNSUPPORTED this API honours: none (schema.parse reads it).
+    honours: ClassVar[frozenset[str]] = frozenset()
     model: str
     input: Annotated[list[Item], Field(max_length=MAX_MESSAGES)]  # a string: one message
     instructions: str | None = None

@@ -2,7 +2,8 @@
 turn's trace in the format `specllama generate --trace FILE.json` writes.
 
 Each event is named after the seed's picture and carries one engine event: `proposed`
-(DraftProposed: blue), `accepted` (TokensAccepted: green), `rejected` (the drafts the
+(DraftProposed: blue; `origins` says where each token came from, "prediction" for the
+request's own prediction), `accepted` (TokensAccepted: green), `rejected` (the drafts the
 target turned down, before its correction), `correction` (TargetToken: yellow; `kind`
 says correction, bonus or plain), `figures` (after each RoundVerified; the last one,
 `final`, with the turn's figures, its comparison with the target alone and its trace).
@@ -70,7 +71,8 @@ class TurnEvents:
         if isinstance(item, DraftProposed):
             self._proposed = item.tokens
             return [sse("proposed", {"round": n, "tokens": list(item.tokens), "source":
-                                     item.source, "texts": self._texts.peek(item.tokens)})]
+                                     item.source, "origins": list(item.origins),
+                                     "texts": self._texts.peek(item.tokens)})]
         if isinstance(item, TokensAccepted):
             texts = self._texts.take(item.tokens)
             self._accepted += texts

@@ -1,10 +1,11 @@
 """The round-event stream, POST /v1/rounds: a chat turn as the engine decides it, round
 by round (roundevents.py names the events), for the live page (page.py) and any client.
 
-The body is a Chat Completions request (it always streams), plus two fields of its own
-for this turn only, checked by the settings table as `/set` checks them
-(engine/settings.py): `draft_max` ("auto", "heuristic" or a length) and `drafters`
-(names in order, as `--drafters`; "none" or [] for the target alone).
+The body is a Chat Completions request (it always streams; a `prediction` drafts as it
+does there), plus two fields of its own for this turn only, checked by the settings table
+as `/set` checks them (engine/settings.py): `draft_max` ("auto", "heuristic" or a length)
+and `drafters` (names in order, as `--drafters`; "none" or [] for the target alone, but
+for a prediction's drafts).
 
 It is one of the server's APIs like the others (app.py's one route body: the key, the
 model, the queue, the engine's failures and a client hanging up). What sets it apart

@@ -100,10 +100,12 @@
   };
 
   Turn.prototype.proposed = function (d) {
-    var self = this;
+    var self = this, origins = d.origins || [];
     d.texts.forEach(function (t, i) {
-      self.pending.appendChild(chip("draft", t, d.round, "draft " + (i + 1) + " from " +
-                                    d.source + ", being verified"));
+      var predicted = origins[i] === "prediction";  // the request's own prediction
+      self.pending.appendChild(chip(predicted ? "draft prediction" : "draft", t, d.round,
+        "draft " + (i + 1) + " from " + (predicted ? "the prediction" : d.source) +
+        ", being verified"));
     });
   };
 
@@ -111,7 +113,8 @@
     var drafts = this.drafts(), self = this;
     d.texts.forEach(function (t, i) {
       var c = drafts[i] || chip("draft", t, d.round, "");
-      c.className = "token accepted" + (t ? "" : " empty");
+      c.className = "token accepted" + (t ? "" : " empty") +
+        (c.classList.contains("prediction") ? " prediction" : "");
       c.title = "round " + d.round + " \u00b7 draft " + (i + 1) + " accepted";
       self.place(c, t);
     });
@@ -200,6 +203,9 @@
     if ($("max-tokens").value) { body.max_tokens = Number($("max-tokens").value); }
     if (k) { body.draft_max = k === "auto" ? "auto" : Number(k); }
     if ($("drafters").value) { body.drafters = $("drafters").value; }
+    if ($("prediction").value) {
+      body.prediction = { type: "content", content: $("prediction").value };
+    }
     return body;
   }
 
