@@ -39,8 +39,7 @@ import json
 import shlex
 import statistics
 import sys
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +57,9 @@ from bench.lib.even import PLAIN_STOP, even_flags, sampler_fields
 from bench.lib.llamacpp_build import (
     add_comparison_options,
     comparison_prompts,
+    ngram_cache_flags,
     numbers,
     pair_and_tools,
-    static_cache,
 )
 from bench.lib.processes import ApiServer, body, request
 from specllama.engine.llama.gguf import architecture
@@ -80,6 +79,8 @@ class Contender:
     our_sampling: bool = False
     # stop strings its chat requests carry (llama-server: ours for a template-less model)
     stop: tuple[str, ...] = ()
+    # send each prompt's prediction (OpenAI's Predicted Outputs: ours only)
+    predict: bool = False
     # per temperature: one list per repetition of per-request records
     runs: dict[float, list[list[dict[str, Any]]]] = field(default_factory=dict)
 
@@ -140,22 +141,6 @@ def llama_contenders(args: argparse.Namespace, target: Path,
     return out
 
 
-def ngram_cache_flags(args: argparse.Namespace, target: Path, name: str) -> list[str]:
-    """ngram-cache keeps what it learns across requests only in a dynamic cache file
-    (-lcd), as our suffix cache keeps earlier outputs: one, fresh per run. With --corpus
-    it also gets a static cache file (-lcs) built from the same text."""
-    if name != "ngram-cache":
-        return []
-    path = Path(tempfile.mkdtemp(prefix="lcd-")) / "dynamic.bin"
-    path.touch()  # llama-server aborts if the file is missing: an empty one
-    flags = ["-lcd", str(path)]
-    if args.corpus:
-        flags += ["-lcs", str(static_cache(args.bins["llama-lookup-create"], target,
-                                           args.corpus, args.threads,
-                                           path.parent / "static.bin"))]
-    return flags
-
-
 def specllama_contenders(args: argparse.Namespace) -> list[Contender]:
     """`specllama serve` with each ';'-separated flag set of --specllama."""
     out = []
@@ -167,6 +152,8 @@ def specllama_contenders(args: argparse.Namespace) -> list[Contender]:
             [*SPECLLAMA, "serve", *model_flags(args), "--threads", str(args.threads),
              "--n-ctx", str(args.n_ctx), *[f"--corpus={p}" for p in args.corpus], *extra],
             "--port", "specllama"))
+    if args.prediction:  # each again, sent the prompts' predictions
+        out += [replace(c, name=c.name + " +prediction", predict=True, runs={}) for c in out]
     return out
 
 
@@ -179,10 +166,13 @@ def fresh(prompt: str, rep: int, temp: float) -> str:
 
 
 def request_body(c: Contender, model: str, prompt: str, temp: float, seed: int,
-                 max_tokens: int, stream: bool, chat: bool) -> dict[str, Any]:
+                 max_tokens: int, stream: bool, chat: bool,
+                 prediction: str | None = None) -> dict[str, Any]:
     """The request's body: the same for every server (processes.body), and for
     llama-server our sampler chain and the stop strings our chat format adds."""
     b = body(model, prompt, temp, seed, max_tokens, stream, chat)
+    if c.predict and prediction is not None:
+        b["prediction"] = {"type": "content", "content": prediction}
     if c.our_sampling:
         b.update(sampler_fields(temp))
         if chat and c.stop:
@@ -206,6 +196,9 @@ def record(c: Contender, answer: dict[str, Any], seconds: float) -> dict[str, An
         r["accepted"] = int(spec.get("accepted", 0))
         r["server_tokens_per_s"] = spec.get("tokens_per_s")
         r["policy"] = spec.get("policy")  # auto's one line: why it drafted as it did
+        details = usage.get("completion_tokens_details") or {}
+        r["prediction_accepted"] = details.get("accepted_prediction_tokens")
+        r["prediction_rejected"] = details.get("rejected_prediction_tokens")
     return r
 
 
@@ -228,7 +221,7 @@ def send(server: ApiServer, c: Contender, args: argparse.Namespace, p: Any, rep:
     status, answer, seconds = request(
         server.port, "/v1/chat/completions" if p.chat else "/v1/completions",
         request_body(c, server.model, fresh(p.prompt, rep, temp), temp, seed,
-                     args.max_tokens, args.stream, p.chat),
+                     args.max_tokens, args.stream, p.chat, p.prediction),
         args.timeout, stream=args.stream)
     if status != 200:
         sys.exit(f"{c.name}: {p.id} answered {status}: {answer}")
@@ -351,6 +344,9 @@ def arguments() -> argparse.ArgumentParser:
                         "(prefix 'draft+' to keep -md too), e.g. ngram-mod,draft+ngram-mod")
     p.add_argument("--specllama", default="--draft-max 0;default;--drafters model",
                    help="specllama serve flag sets, ';'-separated ('default': none)")
+    p.add_argument("--prediction", action="store_true",
+                   help="each specllama flag set again, sent each prompt's 'prediction' "
+                        "(Predicted Outputs; e.g. --prompts bench/prompts/edit-file.jsonl)")
     p.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per request/start")
     p.add_argument("--logs", type=Path, help="keep each server's log in this folder")

@@ -16,7 +16,8 @@ from bench.lib.common import Spread, geomean, percentile, ratios
 from specllama import SpeculativeDecoder
 
 SCRIPTS = ["ablation", "ablation_real", "ceiling", "chatturns", "concurrency", "contextcost",
-           "crossvocab", "eagle3", "following", "gemma4_assistant", "isolation", "laptop",
+           "crossvocab", "eagle3", "following", "gemma4_assistant", "infill", "isolation",
+           "laptop",
            "llamacpp", "llamaserver", "maskcost", "hybrid", "overhead", "promptcache",
            "rpc_latency",
            "sequence", "soak", "suffixcost"]

@@ -7,6 +7,7 @@ import pytest
 
 from bench import llamaserver as ls
 from bench.lib import even
+from specllama.cli.bench_command.prompts import parse_prompts
 
 
 def arguments(*argv: str):
@@ -107,6 +108,24 @@ def test_no_sweep_leaves_llama_server_alone_and_ours():
     cs = ls.contenders(arguments("--n-max", "", "--specllama", "default"), Path("t.gguf"),
                        Path("d.gguf"))
     assert [c.name for c in cs] == ["llama-server", "specllama default"]
+
+
+def test_prediction_sends_each_prompts_prediction_to_a_twin_of_each_of_ours():
+    """--prediction: every specllama flag set runs again, sending the prompt's prediction
+    (OpenAI's Predicted Outputs); llama-server and the plain twins never get one."""
+    cs = ls.contenders(arguments("--n-max", "", "--specllama", "default", "--prediction"),
+                       Path("t.gguf"), Path("d.gguf"))
+    assert [c.name for c in cs] == ["llama-server", "specllama default",
+                                    "specllama default +prediction"]
+    bodies = [ls.request_body(c, "m", "Edit it.", 0.0, 7, 64, False, True, "the file")
+              for c in cs]
+    assert [b.get("prediction") for b in bodies] == \
+        [None, None, {"type": "content", "content": "the file"}]
+    assert cs[2].argv == cs[1].argv and cs[2].runs is not cs[1].runs
+    shipped = parse_prompts(Path(ls.__file__).with_name("prompts").joinpath(
+        "edit-file.jsonl").read_text())
+    assert [p.id for p in shipped] == ["edit-rename", "edit-hints"]
+    assert all(p.prediction and p.prediction in p.prompt and not p.chat for p in shipped)
 
 
 def test_mtp_contenders_need_no_draft_file():

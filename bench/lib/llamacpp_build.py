@@ -87,6 +87,22 @@ def no_amx_flags(cpuinfo: str | None = None) -> list[str]:
     return [f"-DCMAKE_C_FLAGS={off}", f"-DCMAKE_CXX_FLAGS={off}"]
 
 
+def ngram_cache_flags(args: argparse.Namespace, target: Path, name: str) -> list[str]:
+    """ngram-cache keeps what it learns across requests only in a dynamic cache file
+    (-lcd), as our suffix cache keeps earlier outputs: one, fresh per run. With --corpus
+    it also gets a static cache file (-lcs) built from the same text."""
+    if name != "ngram-cache":
+        return []
+    path = Path(tempfile.mkdtemp(prefix="lcd-")) / "dynamic.bin"
+    path.touch()  # llama-server aborts if the file is missing: an empty one
+    flags = ["-lcd", str(path)]
+    if args.corpus:
+        flags += ["-lcs", str(static_cache(args.bins["llama-lookup-create"], target,
+                                           args.corpus, args.threads,
+                                           path.parent / "static.bin"))]
+    return flags
+
+
 def static_cache(tool: Path, target: Path, corpus: list[Path], threads: int,
                  out: Path) -> Path:
     """llama.cpp's static n-gram cache of the corpus, as `llama-lookup-create` (`tool`)

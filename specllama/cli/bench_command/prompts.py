@@ -24,6 +24,9 @@ class BenchPrompt:
     category: str = "user"
     chat: bool = True  # wrap in the model's chat template (when it has one)
     schema: str | None = None  # a JSON schema the output follows (JSON text)
+    # What the answer is expected to resemble (OpenAI's Predicted Outputs): the file an
+    # edit rewrites; sent only where a bench asks for it (bench.llamaserver --prediction).
+    prediction: str | None = None
 
 
 def _record(obj: Any, where: str, index: int) -> BenchPrompt:
@@ -40,18 +43,22 @@ def _record(obj: Any, where: str, index: int) -> BenchPrompt:
     schema = obj.get("schema")
     if schema is not None and not isinstance(schema, dict):
         raise InvalidParameterError(f"{where}: line {index}: 'schema' must be a JSON object")
+    prediction = obj.get("prediction")
+    if prediction is not None and not isinstance(prediction, str):
+        raise InvalidParameterError(f"{where}: line {index}: 'prediction' must be a string")
     return BenchPrompt(
         id=str(obj.get("id") or f"p{index}"),
         prompt=obj["prompt"],
         category=str(obj.get("category") or "user"),
         chat=chat,
         schema=None if schema is None else json.dumps(schema),
+        prediction=prediction,
     )
 
 
 def parse_prompts(text: str, where: str = "prompts") -> list[BenchPrompt]:
     """JSONL (each line a JSON object with "prompt", optional "id", "category",
-    "chat", "schema"; or a JSON string), or plain text with one prompt per line. Blank
+    "chat", "schema", "prediction"; or a JSON string), or plain text with one prompt per line. Blank
     lines and lines starting with '#' are skipped."""
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
