@@ -25,10 +25,10 @@ from .responses import responses_bodies
 # OpenAI's fields that specllama refuses, with values that do something (schema.UNSUPPORTED)
 UNSUPPORTED: dict[str, list[Any]] = {
     "logit_bias": [{"50256": -100}, {"1": 1e-38}], "mirostat": [2], "typical_p": [0.5],
-    "dry_multiplier": [0.8], "best_of": [2], "echo": [True], "suffix": ["x"],
+    "dry_multiplier": [0.8], "best_of": [2], "echo": [True],
     "functions": [[{"name": "f"}]], "function_call": [{"name": "f"}], "audio": [{}],
-    "modalities": [["text", "audio"]], "prediction": [{"type": "content", "content": "x"}],
-}
+    "modalities": [["text", "audio"]],
+}  # (`suffix` and `prediction` are honoured since #65: the first needs FIM tokens)
 # The Responses API's: fields and values it refuses (or that are wrong in its terms)
 RESPONSES_REFUSED: dict[str, list[Any]] = {
     "include": [["reasoning.encrypted_content"], ["message.output_text.logprobs"]],
