@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidParameterError
 from .constraint import Constraint, ConstraintSpec
 from .drafting import kinds
-from .drafting.chain import DraftChain, Drafters, build_chain, who_drafts
+from .drafting.chain import NOBODY, DraftChain, Drafters, build_chain, who_drafts
 from .drafting.draftcache import DraftCache
 from .drafting.prediction import Prediction
 from .llama import DraftModel, Model
@@ -290,9 +290,11 @@ class SpeculativeDecoder:
         no such promise)."""
         names = self.default_drafters if drafters is None else \
             who_drafts(drafters, self.draft_model, self.target.path.name)
+        if draft_max == 0:  # (a lookup asked every round for a length of 0 still searched)
+            names = NOBODY
         predicted = self._prediction(prediction) if draft_max != 0 else None
         history = params.greedy or params.seed is None or not isinstance(draft_max, int)
-        archives = self.draft_cache.archives(history) if draft_cache else []
+        archives = self.draft_cache.archives(history) if draft_cache and names else []
         # Shadow acceptance reads its rows at earlier positions as predictions there:
         # not for a kind whose rows are not (another tokenizer's, an assistant's).
         shadow = self.draft_model is not None and self.draft_model.traits.shadow

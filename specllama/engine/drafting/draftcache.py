@@ -10,6 +10,11 @@ One DraftCache may serve several generations at once (`serve --parallel`): they 
 archives while another's output joins the history. Readers take no lock: adding only
 appends (positions stay valid), and an eviction builds a new history rather than
 rebuilding the one a generation may be reading. Writers (remember, save) take a lock.
+
+An output is indexed when the history is next read, not when it is remembered: a seeded
+call never reads it (its drafts must repeat), and outputs that wait are indexed together
+in one sort (a law test's thousands of short seeded calls spent ~15% of their time
+indexing outputs nobody read).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from ..llama import Vocabulary
 from .cachefile import fingerprint, load, save
 from .corpus import CorpusFile
-from .suffixcache import Origin, SuffixArchive, recent
+from .suffixcache import Document, Origin, SuffixArchive, recent
 
 #: The history holds at most this many tokens (about 36 MB indexed; the least recently
 #: used outputs go first), in memory and in the persisted file alike.
@@ -38,7 +43,8 @@ SAVE_EVERY_S = 30.0
 
 class DraftCache:
     def __init__(self, max_tokens: int = HISTORY_TOKENS) -> None:
-        self.history = SuffixArchive(max_tokens)
+        self._history = SuffixArchive(max_tokens)
+        self._waiting: list[Document] = []  # remembered, not yet indexed
         self.corpus = SuffixArchive()
         self.path: Path | None = None
         self.fingerprint = ""
@@ -46,6 +52,19 @@ class DraftCache:
         self._unsaved = False
         self._saved_at: float | None = None
         self._lock = threading.Lock()  # writers only (see above)
+
+    @property
+    def history(self) -> SuffixArchive:
+        """The earlier outputs, every remembered one indexed."""
+        if self._waiting:
+            with self._lock:
+                self._index_waiting()
+        return self._history
+
+    @history.setter
+    def history(self, archive: SuffixArchive) -> None:
+        with self._lock:
+            self._history, self._waiting = archive, []
 
     def archives(self, history: bool = True) -> list[tuple[SuffixArchive, Origin | None]]:
         """For `LookupDraft` (each document's origin is its own); `history`: the
@@ -57,18 +76,22 @@ class DraftCache:
         """A call's output (`tokens` is prompt + output) joins the history."""
         if len(tokens) <= n_prompt:
             return
-        doc = tokens[max(0, n_prompt - LEAD):]
+        doc = np.asarray(tokens[max(0, n_prompt - LEAD):], np.int32)
         with self._lock:
-            history = self.history
-            bound = history.max_tokens
-            if bound is not None and history.n_tokens + len(doc) > bound:
-                docs = [*history.documents(), (np.asarray(doc, np.int32), "session", time.time())]
-                history = SuffixArchive(bound)
-                history.add_many(recent(docs, bound))
-                self.history = history
-            else:
-                history.add(doc, "session")
+            self._waiting.append((doc, "session", time.time()))
             self._unsaved = True
+
+    def _index_waiting(self) -> None:
+        """The remembered outputs join the indexed history (the lock held)."""
+        waiting, self._waiting = self._waiting, []
+        history = self._history
+        bound = history.max_tokens
+        if bound is not None and history.n_tokens + sum(len(d) for d, _, _ in waiting) > bound:
+            history = SuffixArchive(bound)
+            history.add_many(recent([*self._history.documents(), *waiting], bound))
+            self._history = history
+        elif waiting:
+            history.add_many(waiting)
 
     def add_corpus(self, files: Sequence[CorpusFile]) -> None:
         self.corpus.add_many([(f.tokens, "corpus", None) for f in files])
@@ -92,7 +115,8 @@ class DraftCache:
         if not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
             return
         with self._lock:  # what another generation remembers from here on is unsaved
-            docs = self.history.documents()
+            self._index_waiting()
+            docs = self._history.documents()
             self._unsaved = False
         warning = save(self.path, self.fingerprint, [d for d, _, _ in docs],
                        [u for _, _, u in docs], self.history.max_tokens or HISTORY_TOKENS)
@@ -105,10 +129,11 @@ class DraftCache:
         """Forget this process's outputs (kept: the persisted cache, the corpus): each
         run of a benchmark starts from the same cache."""
         with self._lock:
-            kept = [d for d in self.history.documents() if d[1] != "session"]
-            history = SuffixArchive(self.history.max_tokens)
+            self._waiting = []
+            kept = [d for d in self._history.documents() if d[1] != "session"]
+            history = SuffixArchive(self._history.max_tokens)
             history.add_many(kept)
-            self.history = history
+            self._history = history
 
 
 def tokenizer_fingerprint(model: Vocabulary) -> str:
