@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+import pycache  # noqa: F401  (first: where the run's bytecode goes)
 import pytest
 from click.testing import CliRunner
 from tinymodels import write_tiny_model
