@@ -139,7 +139,8 @@ def test_what_counts_as_a_broken_promise():
 
 def test_a_stream_ends_with_done_or_an_error_and_no_server_error():
     req = post({"model": "m", "stream": True})
-    chunk = '{"object": "chat.completion.chunk", "choices": []}'
+    chunk = ('{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, '
+             '"finish_reason": "stop"}]}')
     assert signatures(req, status=200, events=[chunk, "[DONE]"]) == []
     assert signatures(req, status=200, events=[chunk, ERROR, "[DONE]"]) == []
     assert signatures(req, status=200, events=[chunk, ERROR]) == []
@@ -154,12 +155,43 @@ def test_a_stream_ends_with_done_or_an_error_and_no_server_error():
         [f"stream cut on POST {CHAT}: RemoteProtocolError"]
 
 
+def test_an_answer_has_the_choices_asked_for_each_keeping_the_format():
+    """n (or n_cmpl) choices, indexed 0..n-1, whole and streamed (reassembled by index);
+    a stream that an error event ended may lack the later ones."""
+    req = post({"model": "m", "n": 2, "response_format": {"type": "json_object"}})
+
+    def choice(i, content):
+        return {"index": i, "message": {"content": content}, "finish_reason": "stop"}
+
+    def whole(*choices):
+        return json.dumps({"object": "chat.completion", "choices": list(choices)})
+
+    def chunk(i, content, finish=None):
+        return json.dumps({"object": "chat.completion.chunk", "choices": [
+            {"index": i, "delta": {"content": content}, "finish_reason": finish}]})
+
+    assert signatures(req, status=200, text=whole(choice(0, "{}"), choice(1, "{}"))) == []
+    wrong = [f"200 on POST {CHAT}: not a chat.completion of its n choices"]
+    assert signatures(req, status=200, text=whole(choice(0, "{}"))) == wrong
+    assert signatures(req, status=200, text=whole(choice(1, "{}"), choice(0, "{}"))) == wrong
+    assert signatures(req, status=200, text=whole(choice(0, "{}"), choice(1, "no"))) == \
+        [f"200 on POST {CHAT}: response_format json_object not followed"]
+    stream = {**req.json, "stream": True}
+    events = [chunk(0, "{"), chunk(0, "}", "stop"), chunk(1, "{}", "stop"), "[DONE]"]
+    assert signatures(post(stream), status=200, events=events) == []
+    assert signatures(post(stream), status=200, events=events[:2] + ["[DONE]"]) == \
+        [f"stream on POST {CHAT}: not its n choices"]
+    assert signatures(post(stream), status=200, events=events[:2] + [ERROR, "[DONE]"]) == []
+    assert signatures(post({**stream, "n_cmpl": 1}), status=200,
+                      events=events[:2] + ["[DONE]"]) == []
+
+
 def test_output_under_a_json_response_format_that_stopped_is_json():
     req = post({"model": "m", "response_format": {"type": "json_object"}})
 
     def answer(content, finish="stop"):
         return json.dumps({"object": "chat.completion", "choices": [
-            {"message": {"content": content}, "finish_reason": finish}]})
+            {"index": 0, "message": {"content": content}, "finish_reason": finish}]})
 
     assert signatures(req, status=200, text=answer('{"a": 1}')) == []
     assert signatures(req, status=200, text=answer('{"a"', finish="length")) == []

@@ -24,6 +24,7 @@ from specllama.cli import cli
 from specllama.server import Defaults, ServeConfig
 from specllama.server.app import create_app
 from specllama.server.jobs import Slot
+from specllama.server.schema import MAX_CHOICES
 from specllama.server.worker import Worker
 
 PROMPT = "Hello world"
@@ -224,6 +225,97 @@ def test_an_abandoned_non_streaming_request_is_cancelled(server):
     assert health["cache"]["consistent"] is True
 
 
+# ---------------------------------------------------------------- several choices (n)
+
+
+def by_index(chunks, chat: bool) -> dict[int, str]:
+    """A stream's text per choice, reassembled by `index` as OpenAI's clients do."""
+    texts: dict[int, str] = {}
+    for c in chunks:
+        for choice in c.choices:
+            piece = (choice.delta.content or "") if chat else choice.text
+            texts[choice.index] = texts.get(choice.index, "") + piece
+    return texts
+
+
+def test_n_greedy_choices_are_each_the_one_answer(server, client):
+    kw = dict(model=server.model, messages=[{"role": "user", "content": PROMPT}],
+              temperature=0, max_tokens=16)
+    one = client.chat.completions.create(**kw)
+    three = client.chat.completions.create(**kw, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert {c.message.content for c in three.choices} == {one.choices[0].message.content}
+    assert {c.finish_reason for c in three.choices} == {one.choices[0].finish_reason}
+    # usage as OpenAI counts n: the prompt once, the choices' tokens summed
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert three.usage.total_tokens == one.usage.prompt_tokens + 3 * one.usage.completion_tokens
+    # each choice has its own figures, the answer's are their sums; later choices find
+    # the prompt in the caches
+    each = [c.model_extra["speculative"] for c in three.choices]
+    summed = three.model_extra["speculative"]
+    assert summed["choices"] == 3 and "finish_reason" not in summed
+    assert summed["drafted"] == sum(f["drafted"] for f in each)
+    assert all(f["prompt_tokens_reused"] >= one.usage.prompt_tokens - 1 for f in each[1:])
+
+    chunks = list(client.chat.completions.create(
+        **kw, n=3, stream=True, stream_options={"include_usage": True}))
+    assert by_index(chunks, chat=True) == {i: one.choices[0].message.content for i in range(3)}
+    roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+    finals = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks
+              if c.choices and c.choices[0].finish_reason]
+    assert roles == [0, 1, 2] and finals == [(i, one.choices[0].finish_reason) for i in range(3)]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        three.usage.completion_tokens
+    assert chunks[-1].model_extra["speculative"]["choices"] == 3
+
+
+def test_n_sampled_choices_are_seed_plus_index(server, client):
+    """Choice i of a request with seed s is the answer of seed s + i asked alone: each
+    its own draw, reproducible; without a seed each draws afresh."""
+    kw = dict(model=server.model, prompt=PROMPT, temperature=1.0, max_tokens=12)
+    texts = [c.text for c in client.completions.create(**kw, n=3, seed=11).choices]
+    assert texts == [client.completions.create(**kw, seed=11 + i).choices[0].text
+                     for i in range(3)]
+    streamed = list(client.completions.create(**kw, n=3, seed=11, stream=True))
+    assert by_index(streamed, chat=False) == dict(enumerate(texts))
+    assert [c.choices[0].index for c in streamed if c.choices[0].finish_reason] == [0, 1, 2]
+    assert any(len({c.text for c in client.completions.create(**kw, n=3, seed=s).choices}) > 1
+               for s in (1, 2, 3))
+    unseeded = client.completions.create(**kw, n=4)
+    assert len({c.text for c in unseeded.choices}) > 1
+
+
+def test_later_choices_leave_no_copies_in_the_prompt_cache(server, client):
+    """Before a later choice the caches hold the prompt and an earlier choice's answer:
+    not copied into the prompt cache (a request leaves one copy, whatever its n)."""
+    kw = dict(model=server.model, temperature=1.0, seed=5, max_tokens=48,
+              extra_body={"ignore_eos": True})  # 48 tokens: each answer worth a copy
+    client.completions.create(**kw, prompt="a bird and a fish")
+    before = server.wait_idle()["prompt_cache"]["entries"]
+    four = client.completions.create(**kw, prompt="three birds", n=4)
+    assert len({c.text for c in four.choices}) > 1
+    assert server.wait_idle()["prompt_cache"]["entries"] <= before + 1  # the fish's copy
+
+
+def test_a_client_that_disconnects_stops_the_choices_left(server, client):
+    long = dict(model=server.model, prompt="the cat and the dog", temperature=0, max_tokens=400)
+    reference = client.completions.create(**long)
+    health = server.wait_idle()
+    before, tokens = health["requests"]["cancelled"], health["requests"]["tokens"]
+    with httpx.stream("POST", f"{server.url}/v1/completions",
+                      json={**long, "n": 8, "stream": True}, timeout=30) as r:
+        received = 0
+        for line in r.iter_lines():
+            received += line.startswith("data: ")
+            if received == 2:
+                break
+    health = server.wait_idle()
+    assert health["requests"]["cancelled"] == before + 1
+    assert health["requests"]["tokens"] - tokens < reference.usage.completion_tokens
+    assert health["cache"]["consistent"] is True
+
+
 # --------------------------------------------------------------------------- bad requests
 
 
@@ -249,8 +341,12 @@ def test_bad_requests_get_openai_shaped_errors(server):
         ("unknown role", "/v1/chat/completions",
          chat_body(server, messages=[{"role": "wizard", "content": "hi"}]), 422, "messages", None),
         ("a JSON list", "/v1/completions", [1, 2], 422, None, None),
-        ("several choices", "/v1/completions", {"model": server.model, "prompt": "hi", "n": 2},
-         400, "n", None),
+        ("more choices than the cap", "/v1/completions",
+         {"model": server.model, "prompt": "hi", "n": MAX_CHOICES + 1}, 400, "n", None),
+        ("n_cmpl of none", "/v1/chat/completions", chat_body(server, n_cmpl=0), 400, "n_cmpl",
+         None),
+        ("several choices of one round-event turn", "/v1/rounds", chat_body(server, n=2), 400,
+         "n", None),
         ("negative n", "/v1/completions", {"model": server.model, "prompt": "hi", "n": -1},
          400, "n", None),
         ("prompt longer than the context", "/v1/completions",
@@ -324,6 +420,11 @@ def test_the_openai_client_raises_its_own_errors(server, client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=server.model, prompt="hi", temperature=9)
     assert info.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=server.model, prompt="hi", n=MAX_CHOICES + 1)
+    assert info.value.body["param"] == "n" and "\n" not in info.value.body["message"]
+    assert info.value.body["message"] == f"n: {MAX_CHOICES + 1} choices asked, at most " \
+        f"{MAX_CHOICES} here"
     assert "Traceback" not in server.stderr  # after every bad request and disconnect above
 
 

@@ -219,12 +219,12 @@ def test_a_slot_setting_up_holds_no_other_slot_back(tiny_target, tiny_draft, mon
     moved = threading.Event()
     prepare = PromptCache.prepare
 
-    def slow_setup(self, prompt, target, draft):
+    def slow_setup(self, prompt, target, draft, **kw):
         if prompt == b_tokens:  # the second request's setup waits for the first to move
             seen = len(first)
             wait_for(lambda: len(first) >= seen + 10 or a.done(), 20)
             moved.set()
-        return prepare(self, prompt, target, draft)
+        return prepare(self, prompt, target, draft, **kw)
 
     monkeypatch.setattr(PromptCache, "prepare", slow_setup)
     try:

@@ -1,8 +1,9 @@
 """Fill in the middle through a real `specllama serve` (one server for most tests): POST
 /infill in llama-server's shape, whole and streamed, a body exactly as llama.vim sends it
-(and its cache warm-up), n_indent and t_max_predict_ms, `suffix` on /v1/completions
-through the `openai` client, the 400 for a model without FIM tokens, and the greedy
-answer equal to the target alone's on the same FIM prompt.
+(and its cache warm-up), llama.vscode's three completions (n_cmpl), n_indent and
+t_max_predict_ms, `suffix` on /v1/completions through the `openai` client, the 400 for a
+model without FIM tokens, and the greedy answer equal to the target alone's on the same
+FIM prompt.
 
 The tiny pair has FIM tokens (tests/tinymodels.py, `fim=True`) and writes short lines
 (`lines`): its lines begin unindented, so n_indent has lines to cut."""
@@ -20,6 +21,7 @@ from servers import ServerProcess
 from specllama import SamplingParams, SpeculativeDecoder
 from specllama.engine.llama import Vocabulary
 from specllama.server import fim
+from specllama.server.schema import MAX_CHOICES
 
 N_CTX, MAX_TOKENS = 512, 24
 PREFIX = "import os\n\ndef area(w, h):\n"
@@ -50,6 +52,19 @@ LLAMA_VIM_WARM = json.loads(r'''{"id_slot": 0, "input_prefix": "", "input_suffix
  "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": false,
  "cache_prompt": true, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
  "response_fields": [""]}''')
+
+# A body as llama.vscode builds it (src/llama-server.ts, createRequestPayload;
+# ggml-org/llama.vscode 3938fb3): its defaults (n_predict 128, n_cmpl 3 from
+# max_parallel_completions, top_k 40, top_p 0.99, its samplers, t_max_prompt_ms and
+# t_max_predict_ms 500), the cursor after "    return " (n_indent 4), a ring chunk with
+# its time in ms and the file's full path; JSON.stringify's key order.
+LLAMA_VSCODE = json.loads(r'''{"id_slot": 0,
+ "input_prefix": "import os\n\ndef area(w, h):\n", "input_suffix": "\n\n\nprint(area(2, 3))\n",
+ "input_extra": [{"text": "def square(s):\n    return s * s\n", "time": 1712345678250,
+                  "filename": "/home/me/shapes/shapes.py"}],
+ "prompt": "    return ", "n_predict": 128, "n_cmpl": 3, "top_k": 40, "top_p": 0.99,
+ "stream": false, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": true,
+ "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 500}''')
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +205,42 @@ def test_llama_vims_warm_up_puts_its_files_in_the_cache(server, pair):
     assert common > 20 and body["timings"]["cache_n"] >= common - 1
 
 
+# ------------------------------------------------------------------ several choices
+
+def test_llama_vscodes_three_completions_come_back_as_a_list(server):
+    """llama.vscode asks for n_cmpl 3 and reads a JSON array of bodies, each one's
+    `content` (src/completion.ts, getComplFromContent), as llama-server answers it."""
+    bodies = ok(httpx.post(f"{server.url}/infill", json=LLAMA_VSCODE, timeout=60))
+    assert isinstance(bodies, list) and [b["index"] for b in bodies] == [0, 1, 2]
+    for body in bodies:
+        assert body["stop"] is True and isinstance(body["content"], str)
+        assert body["timings"]["predicted_n"] == body["tokens_predicted"]
+        assert cut_at_indent(body["content"], 4) == body["content"]  # its n_indent
+        assert body["generation_settings"]["samplers"] == ["top_k", "top_p"]
+    # the prompt evaluated once: the later choices find it in the cache
+    assert all(b["timings"]["cache_n"] >= b["tokens_evaluated"] - 1 for b in bodies[1:])
+
+
+def test_n_cmpl_greedy_choices_are_the_one_answer_whole_and_streamed(server):
+    one = ok(infill(server, n_predict=16))
+    three = ok(infill(server, n_predict=16, n_cmpl=3))
+    assert [b["index"] for b in three] == [0, 1, 2]
+    assert {b["content"] for b in three} == {one["content"]}
+    # `n` is n_cmpl's alias, as in llama-server; response_fields pick each body's
+    picked = ok(infill(server, n_predict=16, n=2, response_fields=["content"]))
+    assert picked == [{"content": one["content"]}] * 2
+    with httpx.stream("POST", f"{server.url}/infill", timeout=60, json={
+            "input_prefix": PREFIX, "input_suffix": SUFFIX, "temperature": 0,
+            "n_predict": 16, "n_cmpl": 2, "stream": True}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines()
+                  if line.startswith("data: ")]
+    indexes = [e["index"] for e in events]
+    assert indexes == sorted(indexes) and [e["index"] for e in events if e["stop"]] == [0, 1]
+    for i in (0, 1):
+        assert "".join(e["content"] for e in events if e["index"] == i) == one["content"]
+
+
 # ------------------------------------------------------------------ the editors' stops
 
 def test_n_indent_cuts_the_first_line_less_indented(server):
@@ -230,7 +281,11 @@ def test_suffix_through_the_openai_client_is_the_same_fim_prompt(server):
 
 def test_what_infill_does_not_do_is_refused_by_name(server):
     refused(infill(server, samplers=["top_k", "mirostat_v2"]), "samplers", "mirostat_v2")
-    refused(infill(server, n_cmpl=3), "n_cmpl")
+    # more choices than the server's cap, in llama-server's words (llama.vscode then
+    # names its setting to change)
+    error = refused(infill(server, n_cmpl=MAX_CHOICES + 1), "n_cmpl")
+    assert error["message"] == (f"Field 'n_cmpl': Value must be between 1 <= value <= "
+                                f"{MAX_CHOICES}, but got {MAX_CHOICES + 1}")
     refused(infill(server, n_probs=5), "n_probs")
     assert infill(server, input_extra={"text": "x"}).status_code == 422
     assert httpx.post(f"{server.url}/infill", json={"input_prefix": "x"},

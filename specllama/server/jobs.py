@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .. import (
@@ -81,6 +81,17 @@ class Order:
     # The run against the target alone (a Comparison) just before Finished: the
     # round-event stream's last figures (server/apis/roundstream.py).
     compare: bool = False
+    choice: int = 0  # which of the request's choices (Work.choices) this is
+
+
+def choice_work(work: Work, choice: int) -> Work:
+    """Choice `choice`'s own draw from the target's law: the request's seed + `choice`
+    where it gave one (as llama-server seeds n_cmpl's), else fresh entropy each time.
+    Greedy choices are all the one answer."""
+    seed = work.sampling.seed
+    if not choice or seed is None:
+        return work
+    return replace(work, sampling=replace(work.sampling, seed=seed + choice))
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,8 @@ class Slot(InProcess):
             return self._outcome(None, None)
         try:
             self.prompt_cache.prepare(list(work.tokens), d.target,
-                                      d.draft if d.draft_model is d.draft else None)
+                                      d.draft if d.draft_model is d.draft else None,
+                                      sibling=order.choice > 0)
             # Inside the try: arguments refused here must fail this order, not the engine.
             stream = self._stream(order)
             with active():

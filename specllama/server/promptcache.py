@@ -111,16 +111,20 @@ class PromptCache:
         return CacheFigures(len(self._entries), self._bytes, self.limit_bytes, self.hits,
                             self.misses, self.tokens_restored, self.restore_failures)
 
-    def prepare(self, prompt: list[int], target: Model, draft: Model | None) -> int:
+    def prepare(self, prompt: list[int], target: Model, draft: Model | None,
+                sibling: bool = False) -> int:
         """Before `prompt` is evaluated: keep a copy of the live caches if the prompt
         would drop much of them, and bring back the copy that shares most with the
-        prompt where it beats the live caches. Returns the prompt tokens restored."""
+        prompt where it beats the live caches. Returns the prompt tokens restored.
+        sibling: a later choice of one request: live caches that hold the whole prompt
+        hold an earlier choice's answer after it, not kept (one copy a request)."""
         if self.limit_bytes == 0:
             return 0
         with self._lock:
-            return self._prepare(prompt, target, draft)
+            return self._prepare(prompt, target, draft, sibling)
 
-    def _prepare(self, prompt: list[int], target: Model, draft: Model | None) -> int:
+    def _prepare(self, prompt: list[int], target: Model, draft: Model | None,
+                 sibling: bool) -> int:
         live = shared(target.cached, prompt)
         best, best_key = live, None
         for key in self._entries:
@@ -132,7 +136,9 @@ class PromptCache:
             entry = self._entries[best_key]
             self._entries.move_to_end(best_key)  # so the copy of the live caches keeps it
         # (a cache an interrupt left mid-update is sync_to's to repair, not to keep)
-        if len(target.cached) - live > MIN_GAIN and target.pos_max() + 1 == len(target.cached):
+        keep = not (sibling and live == len(prompt))
+        if keep and len(target.cached) - live > MIN_GAIN and \
+                target.pos_max() + 1 == len(target.cached):
             self._put(target, draft)
         if entry is None or best_key is None:
             self.misses += live <= MIN_GAIN

@@ -85,6 +85,7 @@ class Work:
     # OpenAI's Predicted Outputs: text the answer is expected to resemble, drafted first
     # wherever the answer is in step with it (engine/drafting/prediction.py); "": none.
     prediction: str = ""
+    choices: int = 1  # completions of this prompt (n, n_cmpl): the worker runs them in turn
 
 
 def build_work(
@@ -127,7 +128,8 @@ def build_work(
                 req.n_logprobs, turns, use, found, ignore_eos=req.ignore_eos,
                 reasoning_budget=_budget(vocab, found, req),
                 constraint_from=source or "response_format",
-                prediction=req.prediction.text() if req.prediction else "")
+                prediction=req.prediction.text() if req.prediction else "",
+                choices=req.choices)
 
 
 def _budget(vocab: Vocabulary, found: Markers | None,

@@ -27,6 +27,9 @@ _RANGE_ERRORS = {
 MAX_MESSAGES = 2048  # OpenAI's
 MAX_STOP = 4  # OpenAI's
 MAX_TOOLS = 128  # OpenAI's
+# Choices of one request (n, llama-server's n_cmpl) run one after another on its slot,
+# holding it n times as long: this bounds how long one request keeps the others waiting.
+MAX_CHOICES = 8
 # Content parts and earlier tool calls, over all the messages together.
 MAX_PARTS = 4096
 
@@ -146,14 +149,9 @@ class ResponseFormat(_Body):
 # looks like an answer. (Fields that change nothing for one local model, `user`,
 # `metadata`, `store`, ..., are ignored as OpenAI's own servers ignore them.)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "functions": (None, []),
-    "function_call": (None, "none", "auto"),
-    "logit_bias": (None, {}),
-    "best_of": (None, 1),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "audio": (None,),
-    "modalities": (None, ["text"]),
+    "functions": (None, []), "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False),
+    "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
     # llama-server's samplers that specllama does not have (docs/apis.md): each off at
     # its no-op value. A sampler's other fields (dry_base, xtc_threshold, mirostat_tau,
     # dynatemp_exponent, ...) change nothing while it is off, as in
@@ -163,7 +161,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "dynatemp_range": (None, 0, 0.0), "top_n_sigma": (None, -1, -1.0, 0, 0.0),
     "min_keep": (None, 0), "samplers": (None,),  # specllama's order is fixed (docs/apis.md)
     "n_probs": (None, 0), "post_sampling_probs": (None, False),  # here: logprobs
-    "n_cmpl": (None, 1), "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
+    "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
 }
 
 
@@ -193,7 +191,8 @@ class _Request(_Body):
     max_tokens: int | None = Field(None, ge=1)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     seed: int | None = Field(None, ge=0)
-    n: Annotated[int, _null_is(1)] = Field(1, ge=1, le=1)  # one choice per request
+    n: Annotated[int, _null_is(1)] = Field(1, ge=1, le=MAX_CHOICES)  # parse: max_choices
+    n_cmpl: Annotated[int | None, Field(ge=1, le=MAX_CHOICES)] = None  # llama-server's n
     response_format: ResponseFormat | None = None
     # llama-server's: a GBNF grammar, a JSON schema ({}: any object), the end-of-generation
     # tokens unable to end the answer, and its name of max_tokens (-1: as many as fit).
@@ -215,6 +214,12 @@ class _Request(_Body):
     limits: ClassVar[dict[str, int]] = {"stop": MAX_STOP}
     # The fields of UNSUPPORTED this API honours (the others get their 400).
     honours: ClassVar[frozenset[str]] = frozenset()
+    max_choices: ClassVar[int] = MAX_CHOICES
+
+    @property
+    def choices(self) -> int:
+        """Completions of the prompt asked for: n_cmpl, else n (its alias in llama-server)."""
+        return self.n if self.n_cmpl is None else self.n_cmpl
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -301,6 +306,8 @@ def parse(body: bytes, kind: type[_Request]) -> Any:
     if isinstance(data, dict):  # the cheap checks first: none walks an array's items
         _check_unsupported(data, kind.honours)
         _check_prediction(data.get("prediction"))
+        if issubclass(kind, _Request):  # (Responses' and Messages' models have no n)
+            _check_choices(data.get("n"), data.get("n_cmpl"), kind.max_choices)
         _check_sizes(data, kind)
     if SURROGATE_ESCAPE.search(text):
         try:
@@ -346,6 +353,16 @@ def _check_unsupported(data: dict[str, Any], honoured: frozenset[str]) -> None:
                 data[name] == v and type(data[name]) is type(v) for v in no_op):
             raise APIError(400, f"{name} is not supported by this server (specllama "
                            "serve); leave it out", param=name, code="unsupported_parameter")
+
+
+def _check_choices(n: Any, n_cmpl: Any, most: int) -> None:
+    """Choices out of range (other types are pydantic's to refuse)."""
+    if type(n_cmpl) is int and not 1 <= n_cmpl <= most:
+        # llama-server's words: llama.vscode recognises them and names its setting to change
+        raise APIError(400, f"Field 'n_cmpl': Value must be between 1 <= value <= {most}, "
+                       f"but got {n_cmpl}", param="n_cmpl")
+    if type(n) is int and n > most:
+        raise APIError(400, f"n: {n} choices asked, at most {most} here", param="n")
 
 
 def _check_prediction(prediction: Any) -> None:

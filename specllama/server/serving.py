@@ -1,7 +1,8 @@
 """The one route body every API is served through (apis/: OpenAI's Chat Completions,
 Completions and Responses, Anthropic's Messages, the round-event stream): the key, the
 body, the API's parse, the model, a place in the queue, the prompt, the job, then the
-answer streamed as server-sent events (sse-starlette) or written whole.
+answer streamed as server-sent events (sse-starlette) or written whole. A request for
+several choices (n, n_cmpl) is one job whose choices end one after another (worker.py).
 
 The order matters: a place in the queue is taken before the request's own work
 (tokenizing, templates, a grammar's compile), so a server with no room turns a request
@@ -25,7 +26,7 @@ from .. import Finished, GenerationResult
 from ..engine.llama import Vocabulary
 from .access import authorize, check_model
 from .answer import Answer, read_whole
-from .apis.base import SSE, Body, Dialect, Reply, Writer
+from .apis.base import SSE, Answered, Body, Dialect, Reply, Several, Writer
 from .apis.figures import figures
 from .config import GRACE_S, ServeConfig
 from .connection import Batches, cancel_when, disconnected, prepend, read_body
@@ -67,15 +68,17 @@ class Serving:
                 work = dialect.work(parsed, await run_in_threadpool(
                     build_work, self.vocab, self.config.n_ctx, self.config.defaults,
                     dialect.chat(parsed)))
+                if work.choices > 1 and not isinstance(dialect, Several):  # (parse sees to it)
+                    raise APIError(400, "this API answers one choice a request", param="n")
                 rid = dialect.new_id(work)
                 job = submit(work, f"{request.url.path} {rid}", wanted)
         except (QueueFull, ShuttingDown, Unavailable) as exc:
             raise turned_away(exc) from None
         reply = Reply(work, rid, self.config.model_id, self.vocab.piece, int(time.time()))
         if wanted == "end":
-            result = await self._complete(job, work, request)
-            return JSONResponse(dialect.complete(parsed, reply, read_whole(work, result),
-                                                 result, self._figures(job, result)))
+            results = await self._complete(job, work, request)
+            return JSONResponse(_body(dialect, parsed, reply, [
+                Answered(read_whole(work, r), r, self._figures(job, r)) for r in results]))
         # The 200 goes out once the job runs: one that never does (the engine lost
         # while it waited, the server stopping) gets its 503 as a status.
         batches = job.batches()
@@ -97,26 +100,29 @@ class Serving:
                        else work.draft_max, drafters=w.drafters if work.drafters is None
                        else work.drafters, queue_s=job.queue_s)
 
-    async def _complete(self, job: Job, work: Work, request: Request) -> GenerationResult:
+    async def _complete(self, job: Job, work: Work,
+                        request: Request) -> list[GenerationResult]:
+        """Each choice's result, in order; any failure is the request's error."""
         # A client that hangs up while waiting or generating cancels its job.
         watcher = asyncio.create_task(disconnected(request))
         watcher.add_done_callback(lambda _: job.cancel())
-        result = None
+        results: list[GenerationResult] = []
         try:
             async for batch in job.batches():
                 for item in batch:
                     if isinstance(item, Failure):
                         raise from_failure(item)
                     if isinstance(item, Finished):
-                        result = item.result
+                        results.append(item.result)
         finally:
             watcher.cancel()
-        if result is None:
+        if len(results) < work.choices:  # (cut short by the server stopping)
             raise from_failure(SHUTTING_DOWN)
-        unmet = _unmet(result, self.config.n_ctx, work)
-        if unmet is not None:
-            raise unmet
-        return result
+        for result in results:
+            unmet = _unmet(result, self.config.n_ctx, work)
+            if unmet is not None:
+                raise unmet
+        return results
 
     @staticmethod
     async def _first_batch(job: Job, batches: Batches,
@@ -140,25 +146,29 @@ class Serving:
     async def _stream(self, job: Job, work: Work, writer: Writer, stopping: anyio.Event,
                       batches: Batches) -> AsyncIterator[SSE]:
         """The server stopping cuts the generation at the next round; the stream still
-        ends properly (the API's last events, with the figures)."""
-        answer, ended = Answer(work), False
+        ends properly (the API's last events, with the figures). Several choices come
+        one after another, each ended by its Finished."""
+        answer, left = Answer(work), work.choices
         stopper = asyncio.create_task(cancel_when(stopping, job))
         try:
             for event in writer.start():
                 yield event
             async for batch in batches:
-                # Text that arrived together goes out together.
-                text = "".join(i.text for i in batch if isinstance(i, TEXT_EVENTS))
-                for event in writer.pieces(answer.feed(text), batch):
-                    yield event
-                end = batch[-1]
-                for event in self._last(end, job, work, writer, answer):
-                    yield event
-                if isinstance(end, Failure) or ended:  # an error event ends the stream
-                    return
-                # After Finished the job hands nothing more: its batches end.
-                ended = isinstance(end, Finished)
-            if not ended:
+                for part in _parts(batch):
+                    if not left:  # after the last choice's end the job hands nothing more
+                        return
+                    # Text that arrived together goes out together.
+                    text = "".join(i.text for i in part if isinstance(i, TEXT_EVENTS))
+                    for event in writer.pieces(answer.feed(text), part):
+                        yield event
+                    events, over = self._last(part[-1], job, work, writer, answer)
+                    for event in events:
+                        yield event
+                    if over:  # an error event ends the stream
+                        return
+                    if isinstance(part[-1], Finished):
+                        left, answer = left - 1, Answer(work)
+            if left:
                 for event in writer.error(from_failure(SHUTTING_DOWN)):
                     yield event
         finally:
@@ -168,18 +178,37 @@ class Serving:
             job.cancel()
 
     def _last(self, end: object, job: Job, work: Work, writer: Writer,
-              answer: Answer) -> list[SSE]:
-        """The stream's last events when a batch ends the job (else none): after the
-        200, a failure is an error event."""
+              answer: Answer) -> tuple[list[SSE], bool]:
+        """A choice's last events when `end` ends it (else none), and whether they end
+        the stream: after the 200, a failure is an error event, the stream's last."""
         if isinstance(end, Failure):
-            return writer.error(from_failure(end))
+            return writer.error(from_failure(end)), True
         if not isinstance(end, Finished):
-            return []
+            return [], False
         unmet = _unmet(end.result, self.config.n_ctx, work)
         if unmet is not None:
-            return writer.error(unmet)
+            return writer.error(unmet), True
         tail, whole = answer.end(end.result)
-        return writer.end(tail, whole, end.result, self._figures(job, end.result))
+        return writer.end(tail, whole, end.result, self._figures(job, end.result)), False
+
+
+def _body(dialect: Dialect[Any], parsed: Any, reply: Reply,
+          answers: list[Answered]) -> Body | list[Body]:
+    """The answer of a request that does not stream, in its API's shape."""
+    if isinstance(dialect, Several):
+        return dialect.complete_all(parsed, reply, answers)
+    (one,) = answers  # (generate asks another API for one choice)
+    return dialect.complete(parsed, reply, one.whole, one.result, one.extra)
+
+
+def _parts(batch: list[Item | Failure]) -> list[list[Item | Failure]]:
+    """A batch cut after each Finished and Failure: no part holds two choices' items."""
+    parts: list[list[Item | Failure]] = [[]]
+    for item in batch:
+        parts[-1].append(item)
+        if isinstance(item, Finished | Failure):
+            parts.append([])
+    return [part for part in parts if part]
 
 
 def _unmet(result: GenerationResult, n_ctx: int, work: Work) -> APIError | None:

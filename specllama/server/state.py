@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import Stats
+from .. import GenerationResult, Stats
 from .jobs import Failure
 from .promptcache import CacheFigures
 
@@ -68,3 +68,22 @@ class Snapshot:
     prompt_cache: CacheFigures
     engine_pid: int | None
     down: Down | None
+
+
+def summary(label: str, queue_s: float, results: list[GenerationResult],
+            failed: str | None) -> list[str]:
+    """The log's lines for one request: why it failed, or each choice's figures."""
+    if failed is not None:
+        return [f"{label}: failed: {failed}"]
+    if not results:
+        return [f"{label}: cancelled before it began"]
+    lines = []
+    for i, result in enumerate(results):
+        s = result.stats
+        which = f"{label} choice {i}" if len(results) > 1 else label
+        lines.append(
+            f"{which}: {result.finish_reason}, {s.prompt_tokens} prompt tokens "
+            f"({s.prompt_reused} cached), {s.tokens} generated, acceptance "
+            f"{s.acceptance_rate:.0%}, {s.tokens_per_step:.2f} tokens/step, "
+            f"{s.tokens_per_s:.1f} tok/s, queued {queue_s:.2f} s")
+    return lines

@@ -25,16 +25,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
-from .. import Drafters, SpecLlamaError, Stats
+from .. import Drafters, GenerationResult, SpecLlamaError, Stats
 from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable, Wanted
 from .isolation import EngineLost
-from .jobs import SHUTTING_DOWN, Failure, Item, Order, Outcome
+from .jobs import SHUTTING_DOWN, Failure, Item, Order, Outcome, choice_work
 from .metrics import Metrics
 from .promptcache import CacheFigures
 from .prompts import Work
-from .state import Down, Snapshot, Totals
+from .state import Down, Snapshot, Totals, summary
 
 #: Queues an admitted request's work: (work, label, what it reads) -> its Job.
 Submit = Callable[[Work, str, Wanted], Job]
@@ -259,21 +259,46 @@ class Worker:
             with self._lock:
                 self.totals.rejected += 1
             return
+        # A request's choices run one after another: a later one finds the prompt in the
+        # slot's caches. A failure or a cancel (the client gone) ends them all.
+        results: list[GenerationResult] = []
+        failure: Failure | None = None
+        for choice in range(job.work.choices):
+            try:
+                outcome = self._choice(job, choice)
+            except EngineLost as lost:
+                self._account(job, started, results, lost)
+                raise
+            if outcome is None and not choice:  # the client left while waiting
+                with self._lock:
+                    self.totals.cancelled += 1
+                return
+            if outcome is None:
+                break
+            failure = outcome.failure
+            if outcome.result is not None:
+                results.append(outcome.result)
+            if failure is not None or outcome.result is None or \
+                    outcome.result.finish_reason == "interrupted":
+                break
+        self._account(job, started, results, failure)
+
+    def _choice(self, job: Job, choice: int) -> Outcome | None:
+        """Choice `choice` of the job on the engine: its outcome, its failure handed over;
+        None when the job was cancelled first. EngineLost: answered, then raised."""
         with self._lock:
             self._orders += 1
             order_id = self._orders
-        order = self._order(order_id, job)
+        order = self._order(order_id, job, choice)
         engine = self.engine
         starts = engine.starts
         # Before the check below: a cancel from here on reaches an engine process's
         # child, or is seen by that check or by run's own reads of `cancelled`
         # (isolation.py).
         job.on_cancel = lambda: engine.cancel(order.id)
-        if job.cancelled:  # the client left while waiting
-            with self._lock:
-                self.totals.cancelled += 1
-            return
         try:
+            if job.cancelled:
+                return None
             outcome = engine.run(order, job.put, lambda: job.cancelled)
         except EngineLost as lost:
             down = Down(str(lost), lost.remote, time.monotonic())
@@ -282,7 +307,6 @@ class Worker:
                     self.down = down
             job.put(down.failure() if lost.remote else Failure(
                 500, f"generation failed: {lost}; the engine is being restarted"))
-            self._account(job, started, None, lost)
             raise
         finally:
             job.on_cancel = None  # the order is over: a late cancel has nothing to tell
@@ -291,20 +315,20 @@ class Worker:
         if outcome.cache:  # (none from an order cancelled before it was sent)
             with self._lock:
                 self.cache, self.prompt_cache = outcome.cache, outcome.prompt_cache
-        self._account(job, started, outcome.result, outcome.failure)
+        return outcome
 
-    def _order(self, order_id: int, job: Job) -> Order:
-        """The job as its slot serves it: the request's own draft settings where it gave
-        them, the server's otherwise. Every event is read only by the round-event
-        stream (apis/roundstream.py), whose last figures compare the turn with the target
-        alone."""
+    def _order(self, order_id: int, job: Job, choice: int) -> Order:
+        """Choice `choice` of the job as its slot serves it (jobs.choice_work: its seed):
+        the request's own draft settings where it gave them, the server's otherwise.
+        Every event is read only by the round-event stream (apis/roundstream.py), whose
+        last figures compare the turn with the target alone."""
         work = job.work
-        return Order(order_id, work, job.wanted,
+        return Order(order_id, choice_work(work, choice), job.wanted,
                      self.draft_max if work.draft_max is None else work.draft_max,
                      self.drafters if work.drafters is None else work.drafters,
-                     compare=job.wanted == "all")
+                     compare=job.wanted == "all", choice=choice)
 
-    def _account(self, job: Job, started: float, result: Any,
+    def _account(self, job: Job, started: float, results: list[GenerationResult],
                  failed: Failure | EngineLost | None) -> None:
         with self._lock:
             t = self.totals
@@ -312,17 +336,20 @@ class Worker:
             if failed is not None:
                 t.failed += 1
             # (not job.cancelled: the HTTP side cancels each job it answered, maybe by now)
-            elif result is None or result.finish_reason == "interrupted":
+            elif len(results) < job.work.choices or results[-1].finish_reason == "interrupted":
                 t.cancelled += 1
             else:
                 t.completed += 1
-            if result is not None:
+            for result in results:
                 t.stats.merge(result.stats)
         if job.first_token_s is not None:
             self.metrics.first_token(job.first_token_s)
-        if result is not None and failed is None:
+        for result in results if failed is None else []:
             self.metrics.finished(result.stats)
-        self._log(self._summary(job, result, failed))
+        why = None if failed is None else failed.message if isinstance(failed, Failure) \
+            else f"engine lost: {failed}"
+        for line in summary(job.label, job.queue_s, results, why):
+            self._log(line)
 
     def _recover(self, lost: EngineLost, starts: int) -> None:
         """The engine died serving a job (answered already): answer the waiting ones,
@@ -371,18 +398,3 @@ class Worker:
             with self._lock:
                 self.totals.rejected += 1
                 self._in_flight -= 1
-
-    @staticmethod
-    def _summary(job: Job, result: Any, failed: Failure | EngineLost | None) -> str:
-        if failed is not None:
-            why = failed.message if isinstance(failed, Failure) else f"engine lost: {failed}"
-            return f"{job.label}: failed: {why}"
-        if result is None:
-            return f"{job.label}: cancelled before it began"
-        s = result.stats
-        return (
-            f"{job.label}: {result.finish_reason}, {s.prompt_tokens} prompt tokens "
-            f"({s.prompt_reused} cached), {s.tokens} generated, acceptance "
-            f"{s.acceptance_rate:.0%}, {s.tokens_per_step:.2f} tokens/step, "
-            f"{s.tokens_per_s:.1f} tok/s, queued {job.queue_s:.2f} s"
-        )

@@ -28,6 +28,7 @@ UNSUPPORTED: dict[str, list[Any]] = {
     "dry_multiplier": [0.8], "best_of": [2], "echo": [True],
     "functions": [[{"name": "f"}]], "function_call": [{"name": "f"}], "audio": [{}],
     "modalities": [["text", "audio"]],
+    "n": [9, 10**6], "n_cmpl": [0, 9],  # past the server's 8 choices a request, or none
 }  # (`suffix` and `prediction` are honoured since #65: the first needs FIM tokens)
 # The Responses API's: fields and values it refuses (or that are wrong in its terms)
 RESPONSES_REFUSED: dict[str, list[Any]] = {

@@ -88,7 +88,7 @@ def sampling_fields() -> dict[str, tuple[tuple[int, int], st.SearchStrategy[Any]
         "stream": (OFTEN, st.sampled_from([True, True, False])),
         "stream_options": (SELDOM, st.fixed_dictionaries(
             {}, optional={"include_usage": st.booleans()})),
-        "n": (SELDOM, st.just(1)),
+        "n": (SELDOM, st.sampled_from([1, 2])),  # two: choices one after another
         "response_format": (OFTEN, response_formats()),
         "user": (SELDOM, texts(10)),
         # refused unless at its no-op value (which the near-well-formed requests change)

@@ -23,6 +23,7 @@ from .promises import (
     _check_constrained,
     _message_promises,
     _response_promises,
+    choices_asked,
 )
 from .streams import _check_stream
 
@@ -91,12 +92,18 @@ def _check_success(req: FuzzRequest, body: Any, text: str) -> Problem | None:
     if req.path not in (CHAT, COMPLETIONS):
         return None
     if not isinstance(body, dict) or body.get("object") != _OBJECTS[req.path] or \
-            not isinstance(body.get("choices"), list) or len(body["choices"]) != 1:
-        return Problem(f"200 on {where}: not a {_OBJECTS[req.path]}", text[:300])
-    choice = body["choices"][0]
-    output = choice.get("message", {}).get("content") if req.path == CHAT else choice.get("text")
-    return _check_constrained(req, choice.get("finish_reason"), output,
-                              bool(req.path == CHAT and choice["message"].get("tool_calls")))
+            not isinstance(body.get("choices"), list) or \
+            [c.get("index") for c in body["choices"]] != list(range(choices_asked(req))):
+        return Problem(f"200 on {where}: not a {_OBJECTS[req.path]} of its n choices",
+                       text[:300])
+    for choice in body["choices"]:
+        output = choice.get("message", {}).get("content") if req.path == CHAT else \
+            choice.get("text")
+        problem = _check_constrained(req, choice.get("finish_reason"), output, bool(
+            req.path == CHAT and choice["message"].get("tool_calls")))
+        if problem:
+            return problem
+    return None
 
 
 def _check_response(req: FuzzRequest, body: Any, text: str) -> Problem | None:

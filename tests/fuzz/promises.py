@@ -91,6 +91,17 @@ def _format_of(req: FuzzRequest) -> tuple[str, Any]:
     return "response_format", fmt.get("type") if isinstance(fmt, dict) else None
 
 
+def choices_asked(req: FuzzRequest) -> int:
+    """The choices a Chat Completions or Completions request asked for: n_cmpl, else n,
+    as pydantic reads a number (2.0 and "2" are 2)."""
+    sent = req.json if isinstance(req.json, dict) else {}
+    n = sent.get("n_cmpl") if sent.get("n_cmpl") is not None else sent.get("n")
+    try:
+        return int(n) if n is not None and not isinstance(n, bool) else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 def _check_constrained(req: FuzzRequest, finish: Any, output: Any,
                        called: bool) -> Problem | None:
     """Chat Completions' and Completions' output: cut short unless it stopped on its own;

@@ -26,6 +26,7 @@ from .promises import (
     _message_promises,
     _response_output,
     _response_promises,
+    choices_asked,
 )
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -97,20 +98,32 @@ def _check_stream(req: FuzzRequest, out: Outcome) -> list[Problem]:
         elif not isinstance(chunk, dict) or chunk.get("object") != _OBJECTS[req.path] + (
                 ".chunk" if req.path == CHAT else ""):
             return [Problem(f"stream on {where}: an event that is not a chunk", events[i][:200])]
-    return _stream_output(req, [c for c in chunks if isinstance(c, dict) and "error" not in c])
+    ok = [c for c in chunks if isinstance(c, dict) and "error" not in c]
+    return _stream_output(req, ok, whole=len(ok) == len(chunks))
 
 
-def _stream_output(req: FuzzRequest, chunks: list[dict[str, Any]]) -> list[Problem]:
-    text, finish, called = [], None, False
+def _stream_output(req: FuzzRequest, chunks: list[dict[str, Any]],
+                   whole: bool) -> list[Problem]:
+    """Each choice's output, its chunks reassembled by `index` as clients do; `whole`:
+    no error event ended the stream, so every choice asked for is there."""
+    text: dict[Any, list[str]] = {}
+    finish: dict[Any, Any] = {}
+    called: set[Any] = set()
     for chunk in chunks:
         for choice in chunk.get("choices") or []:
+            i = choice.get("index")
             delta = choice.get("delta", {}) if req.path == CHAT else {"content": choice.get(
                 "text")}
-            text.append(delta.get("content") or "")
-            called = called or bool(delta.get("tool_calls"))
-            finish = choice.get("finish_reason") or finish
-    problem = _check_constrained(req, finish, "".join(text), called)
-    return [problem] if problem else []
+            text.setdefault(i, []).append(delta.get("content") or "")
+            if delta.get("tool_calls"):
+                called.add(i)
+            finish[i] = choice.get("finish_reason") or finish.get(i)
+    if whole and sorted(finish, key=str) != list(range(choices_asked(req))):
+        return [Problem(f"stream on {req.method} {req.path}: not its n choices",
+                        f"indexes {sorted(finish, key=str)}")]
+    problems = [_check_constrained(req, finish[i], "".join(text[i]), i in called)
+                for i in sorted(finish, key=str)]
+    return [p for p in problems if p][:1]
 
 
 def _typed(req: FuzzRequest, out: Outcome) -> tuple[list[dict[str, Any]], Problem | None]:

@@ -12,7 +12,7 @@ import codecs
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ... import GenerationResult
 from ..answer import Piece, Whole
@@ -52,7 +52,8 @@ class Writer(Protocol):
 
     def end(self, tail: list[Piece], whole: Whole, result: GenerationResult,
             extra: Body) -> list[SSE]:
-        """`tail`: the pieces held back until the end; `extra`: specllama's figures."""
+        """`tail`: the pieces held back until the end; `extra`: specllama's figures.
+        Once per choice, in order (Several): the writer counts them."""
         ...
 
     def error(self, exc: APIError) -> list[SSE]:
@@ -92,6 +93,26 @@ class Dialect(Protocol, Generic[R]):
         ...
 
     def writer(self, request: R, reply: Reply) -> Writer: ...
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One choice of a request that does not stream, ended."""
+
+    whole: Whole
+    result: GenerationResult
+    extra: Body  # specllama's figures for this choice
+
+
+@runtime_checkable
+class Several(Protocol[R_contra]):
+    """A Dialect whose API asks for several choices of one prompt (OpenAI's `n`,
+    llama-server's `n_cmpl`: the request's `choices`); another always answers one."""
+
+    def complete_all(self, request: R_contra, reply: Reply,
+                     answers: Sequence[Answered]) -> Body | list[Body]:
+        """The answer of a request that does not stream, one choice or more."""
+        ...
 
 
 def dumps(body: Body) -> str:

@@ -4,9 +4,11 @@ every API's answer (standard clients ignore it; the `openai` client keeps it as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ... import GenerationResult
+from ... import GenerationResult, Stats
 from ...engine.drafting.chain import Drafters
 
 EXTRA_KEY = "speculative"
@@ -47,3 +49,17 @@ def figures(
         # The share of generate_s outside llama.cpp's decodes: specllama's own cost.
         "overhead_share": round(s.overhead_share, 4),
     }
+
+
+def summed(results: Sequence[GenerationResult], first: dict[str, Any]) -> dict[str, Any]:
+    """The figures of several choices of one request together: counts and times summed,
+    rates of the sums, with `first`'s (a choice's figures) draft settings and queue time;
+    no finish_reason: each choice has its own."""
+    stats = Stats()
+    for result in results:
+        stats.merge(result.stats)
+    stats.policy_note = results[-1].stats.policy_note  # (merge keeps none)
+    body = figures(replace(results[0], stats=stats), draft_max=first["draft_max"],
+                   drafters=first["drafters"], queue_s=first["queue_s"])
+    del body["finish_reason"]
+    return {**body, "choices": len(results)}

@@ -6,7 +6,9 @@ Not streamed: one JSON body (`content`, `stop_type`, `timings`, `tokens_cached`,
 `truncated`, ...). Streamed: `data: {"content": ..., "stop": false}` events, the last with
 `stop: true` and the figures, no `[DONE]`, as llama-server streams /completion.
 `response_fields` picks the answer's fields, "timings/prompt_n" flattened to a key of
-that name, as llama-server does (llama.vim reads them so).
+that name, as llama-server does (llama.vim reads them so). `n_cmpl` above 1 (llama.vscode
+sends 3): a JSON array of such bodies, each with its `index`, as llama-server answers it;
+streamed, each choice's events in turn, carrying its `index`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..answer import Piece, TextDelta, Whole
 from ..fim import check
 from ..prompts import Work
 from ..schema import APIError, CompletionRequest, parse
-from .base import SSE, Body, Reply, Wanted, Writer, dumps
+from .base import SSE, Answered, Body, Reply, Wanted, Writer, dumps
 from .figures import EXTRA_KEY
 from .infill_schema import InfillRequest, sampled_by
 
@@ -63,15 +65,22 @@ class InfillDialect:
                  result: GenerationResult, extra: Body) -> Body:
         return self.final(request, reply, result, extra, streamed=False)
 
+    def complete_all(self, request: InfillRequest, reply: Reply,
+                     answers: Sequence[Answered]) -> Body | list[Body]:
+        """llama-server's n_cmpl: one body, or a list of them, each with its `index`."""
+        bodies = [self.final(request, reply, a.result, a.extra, streamed=False, index=i)
+                  for i, a in enumerate(answers)]
+        return bodies[0] if len(bodies) == 1 else bodies
+
     def writer(self, request: InfillRequest, reply: Reply) -> Writer:
         return Events(self, request, reply)
 
     def final(self, request: InfillRequest, reply: Reply, result: GenerationResult,
-              extra: Body, *, streamed: bool) -> Body:
-        """The answer's last body (streamed: its text went out before, as llama-server's)."""
+              extra: Body, *, streamed: bool, index: int = 0) -> Body:
+        """A choice's last body (streamed: its text went out before, as llama-server's)."""
         n = len(result.tokens)
         body: Body = {
-            "index": 0,
+            "index": index,
             "content": "" if streamed else result.text,
             "tokens": list(result.tokens) if request.return_tokens and not streamed else [],
             "stop": True,
@@ -94,11 +103,12 @@ class InfillDialect:
 
 
 class Events:
-    """The streamed answer: the text as it comes, then the last body."""
+    """The streamed answer: the text as it comes, then the last body; several choices one
+    after another, each event with its choice's `index`."""
 
     def __init__(self, dialect: InfillDialect, request: InfillRequest, reply: Reply) -> None:
         self.dialect, self.request, self.reply = dialect, request, reply
-        self.predicted = 0
+        self.predicted = self.index = 0
 
     def start(self) -> list[SSE]:
         return []
@@ -109,14 +119,17 @@ class Events:
         text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
         if not text:
             return []
-        return [{"data": dumps({"index": 0, "content": text, "tokens": [], "stop": False,
+        return [{"data": dumps({"index": self.index, "content": text, "tokens": [], "stop": False,
                                 "id_slot": -1, "tokens_predicted": self.predicted,
                                 "tokens_evaluated": len(self.reply.work.tokens)})}]
 
     def end(self, tail: list[Piece], whole: Whole, result: GenerationResult,
             extra: Body) -> list[SSE]:
-        last = self.dialect.final(self.request, self.reply, result, extra, streamed=True)
-        return [*self.pieces(tail), {"data": dumps(last)}]
+        last = self.dialect.final(self.request, self.reply, result, extra, streamed=True,
+                                  index=self.index)
+        out = [*self.pieces(tail), {"data": dumps(last)}]
+        self.predicted, self.index = 0, self.index + 1  # the next choice's
+        return out
 
     def error(self, exc: APIError) -> list[SSE]:
         return [{"data": dumps(exc.body())}]

@@ -16,31 +16,34 @@ from ... import GenerationResult
 from ..answer import Calls, Piece, ReasoningDelta, TextDelta, Whole
 from ..prompts import Work
 from ..schema import APIError, ChatRequest, CompletionRequest, parse
-from .base import SSE, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
-from .figures import EXTRA_KEY
+from .base import SSE, Answered, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
+from .figures import EXTRA_KEY, summed
 
 Q = TypeVar("Q", ChatRequest, CompletionRequest)
 
 
-def usage(result: GenerationResult, reasoning: int = 0) -> Body:
-    """OpenAI's usage, its details always there as OpenAI sends them (zeros where
-    nothing counts). A prediction's tokens as OpenAI counts them: those drafted from it
-    that the target accepted (part of completion_tokens) and those it turned down,
-    drafted past a rejection included (not part of it: OpenAI bills them, nothing here
-    costs money)."""
-    completion = len(result.tokens)
-    s = result.stats
+def usage(results: Sequence[GenerationResult], reasoning: int = 0) -> Body:
+    """OpenAI's usage over the choices, the prompt counted once (as OpenAI counts n), its
+    details always there as OpenAI sends them (zeros where nothing counts). A
+    prediction's tokens as OpenAI counts them: those drafted from it that the target
+    accepted (part of completion_tokens) and those it turned down, drafted past a
+    rejection included (not part of it: OpenAI bills them, nothing here costs money)."""
+    first = results[0]
+    completion = sum(len(r.tokens) for r in results)
+    accepted = sum(r.stats.origin_accepted.get("prediction", 0) for r in results)
+    drafted = sum(r.stats.origin_drafted.get("prediction", 0) for r in results)
     return {
-        "prompt_tokens": result.prompt_tokens,
+        "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
-        "total_tokens": result.prompt_tokens + completion,
-        # OpenAI's name for prompt tokens served from a cache: here, the KV caches.
-        "prompt_tokens_details": {"cached_tokens": s.prompt_reused, "audio_tokens": 0},
+        "total_tokens": first.prompt_tokens + completion,
+        # OpenAI's name for prompt tokens served from a cache: here, the KV caches (the
+        # first choice's: the others find the prompt there).
+        "prompt_tokens_details": {"cached_tokens": first.stats.prompt_reused,
+                                  "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": reasoning, "audio_tokens": 0,
-            "accepted_prediction_tokens": s.origin_accepted.get("prediction", 0),
-            "rejected_prediction_tokens": s.origin_drafted.get("prediction", 0)
-            - s.origin_accepted.get("prediction", 0)},
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted},
     }
 
 
@@ -74,6 +77,20 @@ def _calls(whole_calls: tuple[Any, ...]) -> list[Body]:
              "function": {"name": c.name, "arguments": c.arguments}} for c in whole_calls]
 
 
+def _choice(reply: Reply, index: int, answered: Answered) -> Body:
+    whole, result = answered.whole, answered.result
+    lps = logprobs(reply.work.kind, result, reply)
+    if reply.work.kind != "chat":
+        return {"index": index, "text": result.text, "finish_reason": whole.finish,
+                "logprobs": lps}
+    message: Body = {"role": "assistant", "content": whole.text}
+    if whole.reasoning is not None:
+        message["reasoning_content"] = whole.reasoning
+    if whole.calls:
+        message["tool_calls"] = _calls(whole.calls)
+    return {"index": index, "message": message, "finish_reason": whole.finish, "logprobs": lps}
+
+
 class OpenAI(Generic[Q]):
     """Chat Completions (`ChatRequest`) or Completions (`CompletionRequest`)."""
 
@@ -101,39 +118,43 @@ class OpenAI(Generic[Q]):
 
     def complete(self, request: Q, reply: Reply, whole: Whole, result: GenerationResult,
                  extra: Body) -> Body:
-        lps = logprobs(reply.work.kind, result, reply)
-        if reply.work.kind == "chat":
-            message: Body = {"role": "assistant", "content": whole.text}
-            if whole.reasoning is not None:
-                message["reasoning_content"] = whole.reasoning
-            if whole.calls:
-                message["tool_calls"] = _calls(whole.calls)
-            choice: Body = {"index": 0, "message": message, "finish_reason": whole.finish,
-                            "logprobs": lps}
-        else:
-            choice = {"index": 0, "text": result.text, "finish_reason": whole.finish,
-                      "logprobs": lps}
+        return self.complete_all(request, reply, [Answered(whole, result, extra)])
+
+    def complete_all(self, request: Q, reply: Reply, answers: Sequence[Answered]) -> Body:
+        """n choices, `index` 0..n-1; with more than one, each has its own figures and
+        the answer's are their sum (figures.summed)."""
+        choices = [_choice(reply, i, a) for i, a in enumerate(answers)]
+        results = [a.result for a in answers]
+        extra = answers[0].extra
+        if len(answers) > 1:
+            for choice, a in zip(choices, answers):
+                choice[EXTRA_KEY] = a.extra
+            extra = summed(results, extra)
+        reasoning = sum(reasoning_tokens(reply.work, a.whole, a.result, reply) for a in answers)
         return {
             "id": reply.rid,
             "object": "chat.completion" if reply.work.kind == "chat" else "text_completion",
             "created": reply.created,
             "model": reply.model,
-            "choices": [choice],
-            "usage": usage(result, reasoning_tokens(reply.work, whole, result, reply)),
+            "choices": choices,
+            "usage": usage(results, reasoning),
             EXTRA_KEY: extra,
         }
 
     def writer(self, request: Q, reply: Reply) -> Writer:
-        return Chunks(reply, request.include_usage)
+        return Chunks(reply, request.include_usage, request.choices)
 
 
 class Chunks:
-    """The streamed answer, one chunk at a time, ending with `[DONE]`."""
+    """The streamed answer, one chunk at a time, ending with `[DONE]`; several choices
+    one after another, each chunk with its choice's `index` (clients reassemble by it)."""
 
-    def __init__(self, reply: Reply, include_usage: bool) -> None:
+    def __init__(self, reply: Reply, include_usage: bool, choices: int = 1) -> None:
         self.reply = reply
         self.chat = reply.work.kind == "chat"
         self.include_usage = include_usage
+        self.choices, self.index = choices, 0
+        self.ended: list[Answered] = []
 
     def _chunk(self, choices: list[Body], **more: Any) -> SSE:
         body: Body = {
@@ -151,9 +172,10 @@ class Chunks:
     def _delta(self, delta: Body, finish: str | None = None,
                lps: Body | None = None) -> Body:
         if self.chat:
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}
-        return {"index": 0, "text": delta.get("content") or "", "finish_reason": finish,
-                "logprobs": lps}
+            return {"index": self.index, "delta": delta, "finish_reason": finish,
+                    "logprobs": lps}
+        return {"index": self.index, "text": delta.get("content") or "",
+                "finish_reason": finish, "logprobs": lps}
 
     def start(self) -> list[SSE]:
         """Chat streams open with the assistant's role and no text."""
@@ -187,14 +209,22 @@ class Chunks:
 
     def end(self, tail: list[Piece], whole: Whole, result: GenerationResult,
             extra: Body) -> list[SSE]:
-        """The held-back pieces, then the last chunk with the log-probabilities of the
-        whole output, if asked for (a stop string can still cut held-back text)."""
+        """The held-back pieces, then the choice's last chunk with the log-probabilities
+        of its whole output, if asked for (a stop string can still cut held-back text);
+        after the last choice's, the usage of them all and `[DONE]`."""
         lps = logprobs(self.reply.work.kind, result, self.reply)
         out = [*self.pieces(tail),
                self._chunk([self._delta({}, whole.finish, lps)], **{EXTRA_KEY: extra})]
+        self.ended.append(Answered(whole, result, extra))
+        if len(self.ended) < self.choices:  # the next choice opens
+            self.index += 1
+            return out + self.start()
         if self.include_usage:
-            reasoning = reasoning_tokens(self.reply.work, whole, result, self.reply)
-            out.append(self._chunk([], usage=usage(result, reasoning), **{EXTRA_KEY: extra}))
+            results = [a.result for a in self.ended]
+            reasoning = sum(reasoning_tokens(self.reply.work, a.whole, a.result, self.reply)
+                            for a in self.ended)
+            figures = extra if len(results) == 1 else summed(results, extra)
+            out.append(self._chunk([], usage=usage(results, reasoning), **{EXTRA_KEY: figures}))
         return [*out, {"data": "[DONE]"}]
 
     def error(self, exc: APIError) -> list[SSE]:

@@ -40,6 +40,7 @@ class RoundsRequest(ChatRequest):
     draft_max: int | str | None = None  # checked by the settings table (parse)
     drafters: str | Annotated[list[str], Field(max_length=8)] | None = None
     limits: ClassVar[dict[str, int]] = {**ChatRequest.limits, "drafters": 8}
+    max_choices: ClassVar[int] = 1  # the live page shows one turn's rounds
 
     def settings(self) -> tuple[int | str | None, Drafters | None]:
         """draft_max and drafters as the engine takes them (None: the server's); an
