@@ -34,6 +34,7 @@ from .errors import Errors, turned_away
 from .guard import Guard, Limit
 from .handoff import QueueFull, ShuttingDown, Unavailable
 from .metrics import exposition
+from .openapi import Described
 from .page import page_routes
 from .prompts import build_work
 from .schema import APIError, ChatRequest, CompletionRequest
@@ -150,8 +151,10 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
     chat, completion = OpenAI(ChatRequest), OpenAI(CompletionRequest)
     rounds = RoundsDialect(worker.draft_max, worker.drafters)
     infill = InfillDialect(vocab, config.model_id)  # llama-server's, for code editors
+    described = Described()  # GET /openapi.json: public, as /health is (openapi.py says why)
     routes = [
         Route("/health", api.health),
+        route("/openapi.json", openai, described.endpoint, "GET"),
         route("/metrics", openai, api.metrics),
         route("/v1/models", openai, api.models),
         route("/v1/models/{model_id:path}", openai, api.model),
@@ -166,6 +169,7 @@ def create_app(worker: Worker, config: ServeConfig, vocab: Vocabulary,
         route("/infill", infill, serve(infill), "POST"),
         *page_routes(),
     ]
+    described.describe(routes, keyed=config.api_key is not None)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return await guarded(lambda r: api.not_found(r, exc))(request)
