@@ -21,7 +21,7 @@ from test_exactness import goodness_of_fit
 import specllama.engine.loop.rounds as rounds
 from specllama import InvalidParameterError, Penalties, SamplingParams, SpeculativeDecoder
 from specllama.engine.llama import Model
-from specllama.engine.penalties import penalized, penalty_window
+from specllama.engine.penalties import LOGIT_CAP, penalized, penalty_window
 from specllama.engine.sampling import probabilities
 from specllama.engine.settings import SETTINGS, Settings, validate_setting
 
@@ -63,6 +63,19 @@ def test_penalized_is_llama_cpps_formula(last_n):
         # terms of ~10 that cancel to ~0 (6e-7)
         np.testing.assert_allclose(got, reference(logits, history, pen), rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(logits, before)  # the row read is never written
+
+
+@pytest.mark.parametrize("repeat", [1e-40, 5e-324])
+def test_a_penalty_too_small_for_float32_gives_a_distribution(repeat):
+    """Positive logits divided by a penalty under ~1e-38 pass float32's largest value: each
+    is held at it (a tie among them), never inf, whose inf - inf made every sampled row NaN
+    (found by schemathesis: a 500 for `repeat_penalty: 1e-40` at T > 0)."""
+    logits = np.array([2.0, -1.0, 0.5, 3.0, -np.inf], np.float32)
+    got = penalized(logits, penalty_window([0, 1, 2, 4], -1), Penalties(repeat=repeat))
+    assert np.isfinite(got[:4]).all() and got[4] == -np.inf
+    assert got[0] == got[2] == np.float32(LOGIT_CAP)  # the positive ones, tied at the top
+    p = probabilities(got, SamplingParams(temperature=0.8, seed=0))
+    np.testing.assert_array_equal(p, [0.5, 0.0, 0.5, 0.0, 0.0])  # the rest: -inf and finite
 
 
 def test_the_window_is_the_same_wherever_the_drafts_begin():

@@ -100,6 +100,11 @@ def counted(tokens: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return ids[first], np.diff(first, append=ids.shape[0])
 
 
+#: Where a repeat penalty under 1 leaves the largest logits: the sampler scales rows by up
+#: to 1/T = 1e4 with no overflow check, so (logit - max) / T stays finite from here.
+LOGIT_CAP = 1e34
+
+
 def penalized(logits: np.ndarray, window_tokens: Sequence[int] | np.ndarray,
               penalties: Penalties) -> np.ndarray:
     """A new row: `logits` with llama.cpp's penalties for the tokens of `window_tokens`
@@ -114,8 +119,18 @@ def penalized(logits: np.ndarray, window_tokens: Sequence[int] | np.ndarray,
     if ids.shape[0] == 0:
         return out
     x = out[ids]
-    if penalties.repeat != 1.0:
-        x = np.where(x <= 0, x * penalties.repeat, x / penalties.repeat).astype(out.dtype)
+    if penalties.repeat >= 1.0:
+        if penalties.repeat != 1.0:
+            x = np.where(x <= 0, x * penalties.repeat, x / penalties.repeat).astype(out.dtype)
+    else:
+        # A penalty under ~1e-38 carries a logit past float32 (+inf, then inf - inf is NaN
+        # in every sampled row: a 500), and one under ~1e-45 is 0 in float32 (-inf * 0 is
+        # NaN). So float64, and a cap for those past it: a tie among them, the limit of
+        # ever smaller penalties; -inf stays -inf.
+        with np.errstate(over="ignore", divide="ignore"):
+            x64 = x.astype(np.float64)
+            x64 = np.where(x64 <= 0, x64 * penalties.repeat, x64 / penalties.repeat)
+        x = np.minimum(x64, LOGIT_CAP).astype(out.dtype)
     x -= (counts * penalties.frequency + penalties.presence).astype(out.dtype)
     out[ids] = x
     return out

@@ -26,7 +26,8 @@ MAX_CITATIONS = MAX_PARTS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: no `"temperature": true` read as 1.0, no `"stream": 0` as false (schema.py)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Cacheable(_Strict):

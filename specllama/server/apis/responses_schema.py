@@ -62,7 +62,8 @@ def unsupported(param: str, what: str, hint: str = "leave it out") -> APIError:
 
 class _Model(BaseModel):
     # Items sent back as the API returned them carry ids, statuses, annotations: ignored.
-    model_config = ConfigDict(extra="ignore")
+    # strict: no `"temperature": true` read as 1.0, no `"stream": 0` as false (schema.py)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(_Model):
