@@ -67,9 +67,8 @@ class APIError(Exception):
 
 
 class _Body(BaseModel):
-    # Clients send fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does.
-    # Strict: `"temperature": true`, `"max_tokens": "3"` or `"stream": 0` is a 400, not read
-    # as 1.0, 3 or false (schemathesis found them taken); an integer is still a number.
+    # Fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does. Strict:
+    # `"temperature": true` or `"stream": 0` is a 400, not 1.0 or false; an int is a number.
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
