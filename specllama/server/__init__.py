@@ -9,13 +9,33 @@ streamed as server-sent events or whole. errors.py answers every failure on the 
 in the asking API's shape; runner.py runs it all under uvicorn, with signals.
 """
 
-from .config import ServeConfig
-from .isolation import EngineLost, EngineProcess
-from .jobs import Slot
-from .prompts import Defaults
-from .runner import ServeError, is_loopback, listen, serve
-from .slots import Slots
-from .worker import Totals
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ServeConfig
+    from .isolation import EngineLost, EngineProcess
+    from .jobs import Slot
+    from .prompts import Defaults
+    from .runner import ServeError, is_loopback, listen, serve
+    from .slots import Slots
+    from .worker import Totals
+
+# Each name loads its module when first read: the engine process (server.child) and the
+# chat REPL (server.isolation) import this package without its HTTP layers (uvicorn,
+# starlette, every API's models: ~0.3 s a process start on a 2-core AMD EPYC).
+_HOME = {"ServeConfig": "config", "EngineLost": "isolation", "EngineProcess": "isolation",
+         "Slot": "jobs", "Defaults": "prompts", "ServeError": "runner",
+         "is_loopback": "runner", "listen": "runner", "serve": "runner", "Slots": "slots",
+         "Totals": "worker"}
 
 __all__ = ["Defaults", "Slot", "EngineLost", "EngineProcess", "ServeConfig", "ServeError",
            "Slots", "Totals", "is_loopback", "listen", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
