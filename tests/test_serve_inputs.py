@@ -11,7 +11,8 @@ import httpx
 import pytest
 from servers import ServerProcess
 
-from specllama.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, APIError, ChatRequest
+from specllama.server.apierror import APIError
+from specllama.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, ChatRequest
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # Repeats itself, so lookups draft as well as the draft model.

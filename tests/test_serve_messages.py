@@ -19,10 +19,10 @@ from servers import ServerProcess
 
 from specllama import GenerationResult, Stats
 from specllama.server.answer import Call, Calls, ReasoningDelta, TextDelta, Whole
+from specllama.server.apierror import APIError
 from specllama.server.apis.base import Reply
 from specllama.server.apis.messages import MessagesDialect
 from specllama.server.prompts import Work
-from specllama.server.schema import APIError
 
 KEY = "sk-local-test"
 WEATHER = {"name": "get_weather", "description": "The weather in a city now.",

@@ -17,13 +17,13 @@ from test_reasoning import OPENS
 
 from specllama import GenerationResult, SamplingParams, Stats
 from specllama.server.answer import Call, Calls, ReasoningDelta, TextDelta, Whole
+from specllama.server.apierror import APIError
 from specllama.server.apis.base import Reply
 from specllama.server.apis.responses import ResponsesDialect
 from specllama.server.apis.responses_schema import MessageItem
 from specllama.server.apis.responses_store import ResponsesStore, stored
 from specllama.server.prompts import Work
 from specllama.server.reasoning import Markers
-from specllama.server.schema import APIError
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "strict": True, "parameters": {

@@ -10,7 +10,8 @@ import openai
 import pytest
 from servers import ServerProcess
 
-from specllama.server.schema import APIError, ChatRequest, Message
+from specllama.server.apierror import APIError
+from specllama.server.schema import ChatRequest, Message
 from specllama.server.tools import OPEN, generic_messages, parse_calls, tool_use
 
 WEATHER = {"type": "function", "function": {

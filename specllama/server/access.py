@@ -6,7 +6,7 @@ import hmac
 
 from starlette.requests import Request
 
-from .schema import APIError
+from .apierror import APIError
 
 
 def authorize(request: Request, key: str | None) -> None:

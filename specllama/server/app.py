@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from ..engine.llama import Vocabulary
 from .access import authorize, check_model
+from .apierror import APIError
 from .apis.infill import InfillDialect
 from .apis.messages import MessagesDialect
 from .apis.openai import OpenAI
@@ -37,7 +38,7 @@ from .metrics import exposition
 from .openapi import Described
 from .page import page_routes
 from .prompts import build_work
-from .schema import APIError, ChatRequest, CompletionRequest
+from .schema import ChatRequest, CompletionRequest
 from .serving import Serving
 from .worker import Worker
 

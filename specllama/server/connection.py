@@ -9,8 +9,8 @@ from typing import Protocol
 import anyio
 from starlette.requests import Request
 
+from .apierror import APIError
 from .jobs import Failure, Item
-from .schema import APIError
 
 MAX_BODY = 4 * 2**20
 # A body over MAX_BODY is still read (and dropped) up to this size, so the client gets

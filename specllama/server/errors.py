@@ -20,10 +20,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from .apierror import APIError
 from .apis.base import Body
 from .handoff import QueueFull, ShuttingDown, Unavailable
 from .jobs import SHUTTING_DOWN, Failure
-from .schema import APIError
 
 INTERNAL = APIError(500, "internal server error", type="server_error")
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from ..engine.llama import FimTokens, Vocabulary
 from ..engine.loop.linestops import Deadline, Indent
 from ..engine.loop.textstream import Stop
+from .apierror import APIError
 from .apis.infill_schema import InfillRequest
-from .schema import APIError, ChatRequest, CompletionRequest
+from .schema import ChatRequest, CompletionRequest
 
 # llama-server's fixed texts (its own TODOs say they may become inputs one day).
 REPO_LINE = "myproject\n"

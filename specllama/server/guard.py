@@ -26,8 +26,8 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .apierror import APIError
 from .errors import Errors
-from .schema import APIError
 
 _METHODS = "GET, POST, DELETE, OPTIONS"
 _HEADERS = ("Authorization", "Content-Type")

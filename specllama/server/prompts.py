@@ -21,6 +21,7 @@ from ..engine.llama import Vocabulary
 from ..engine.loop.budget import ReasoningBudget
 from ..engine.loop.textstream import Stop
 from . import fim
+from .apierror import APIError
 from .reasoning import (
     Format,
     Markers,
@@ -30,7 +31,7 @@ from .reasoning import (
     variables,
     with_tokens,
 )
-from .schema import APIError, ChatRequest, CompletionRequest, ResponseFormat
+from .schema import ChatRequest, CompletionRequest, ResponseFormat
 from .tools import (
     REPEATED_CALL,
     ToolUse,

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI API (the fields specllama honours) and OpenAI-shaped errors.
+"""Request bodies of the OpenAI API (the fields specllama honours), and how they are read.
 
 Status codes: 400 for a body that is not UTF-8 JSON (or not text: a lone surrogate;
 or past what Python reads: nested too deeply, a number too long) or a value out of its
@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from .apierror import APIError
 from .surrogates import SURROGATE_ESCAPE, NestedTooDeep, lone_surrogate
 
 # Pydantic error types that mean "a value out of range" rather than "the wrong shape".
@@ -34,41 +35,10 @@ MAX_CHOICES = 8
 MAX_PARTS = 4096
 
 
-class APIError(Exception):
-    """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
 class _Body(BaseModel):
-    # Fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does. Strict:
-    # `"temperature": true` or `"stream": 0` is a 400, not 1.0 or false; an int is a number.
+    # Clients send fields we do not use (user, logprobs: null, ...): ignored, as OpenAI does.
+    # Strict: `"temperature": true`, `"max_tokens": "3"` or `"stream": 0` is a 400, not read
+    # as 1.0, 3 or false (schemathesis found them taken); an integer is still a number.
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -150,9 +120,14 @@ class ResponseFormat(_Body):
 # looks like an answer. (Fields that change nothing for one local model, `user`,
 # `metadata`, `store`, ..., are ignored as OpenAI's own servers ignore them.)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "functions": (None, []), "function_call": (None, "none", "auto"),
-    "logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False),
-    "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
     # llama-server's samplers that specllama does not have (docs/apis.md): each off at
     # its no-op value. A sampler's other fields (dry_base, xtc_threshold, mirostat_tau,
     # dynatemp_exponent, ...) change nothing while it is off, as in

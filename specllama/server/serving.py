@@ -26,6 +26,7 @@ from .. import Finished, GenerationResult
 from ..engine.llama import Vocabulary
 from .access import authorize, check_model
 from .answer import Answer, read_whole
+from .apierror import APIError
 from .apis.base import SSE, Answered, Body, Dialect, Reply, Several, Writer
 from .apis.figures import figures
 from .config import GRACE_S, ServeConfig
@@ -34,7 +35,6 @@ from .errors import Endpoint, from_failure, turned_away
 from .handoff import Job, QueueFull, ShuttingDown, Unavailable
 from .jobs import SHUTTING_DOWN, TEXT_EVENTS, Failure, Item
 from .prompts import Work, build_work
-from .schema import APIError
 from .worker import Worker
 
 R = TypeVar("R")

@@ -25,7 +25,8 @@ from typing import Any, Literal
 from ..engine.constraint import JSON_OPTIONS, ConstraintSpec
 from ..engine.loop.textstream import Repeat
 from ..errors import ConstraintError
-from .schema import APIError, ChatRequest, Message, Tool
+from .apierror import APIError
+from .schema import ChatRequest, Message, Tool
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 # No client wants the same call twice in one turn, and a small model asked for calls in

@@ -16,9 +16,10 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from ... import GenerationResult
 from ..answer import Piece, Whole
+from ..apierror import APIError
 from ..jobs import Wanted
 from ..prompts import Work
-from ..schema import APIError, ChatRequest, CompletionRequest
+from ..schema import ChatRequest, CompletionRequest
 
 # One server-sent event as sse-starlette takes it: {"event": name (optional), "data": text}.
 SSE = dict[str, str]

@@ -22,9 +22,10 @@ from ... import GenerationResult, TargetToken, TokensAccepted
 from ...engine.llama import Vocabulary
 from ...engine.loop.linestops import Deadline, Indent
 from ..answer import Piece, TextDelta, Whole
+from ..apierror import APIError
 from ..fim import check
 from ..prompts import Work
-from ..schema import APIError, CompletionRequest, parse
+from ..schema import CompletionRequest, parse
 from .base import SSE, Answered, Body, Reply, Wanted, Writer, dumps
 from .figures import EXTRA_KEY
 from .infill_schema import InfillRequest, sampled_by

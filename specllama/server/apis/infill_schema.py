@@ -16,7 +16,8 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...engine.sampling import SamplingParams
-from ..schema import APIError, CompletionRequest
+from ..apierror import APIError
+from ..schema import CompletionRequest
 
 MAX_EXTRA = 1024  # input_extra's chunks (llama.vim keeps 16 at most by default)
 MAX_SAMPLERS = 32

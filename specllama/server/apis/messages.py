@@ -24,8 +24,9 @@ from pydantic import ValidationError
 from ... import GenerationResult
 from .. import schema
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
+from ..apierror import APIError
 from ..prompts import Work
-from ..schema import MAX_MESSAGES, APIError, ChatRequest, Message, Tool, ToolCall
+from ..schema import MAX_MESSAGES, ChatRequest, Message, Tool, ToolCall
 from .base import SSE, Body, Reply, Wanted, dumps
 from .figures import EXTRA_KEY
 from .messages_schema import (

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..schema import MAX_MESSAGES, MAX_PARTS, MAX_STOP, MAX_TOOLS, APIError
+from ..apierror import APIError
+from ..schema import MAX_MESSAGES, MAX_PARTS, MAX_STOP, MAX_TOOLS
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")

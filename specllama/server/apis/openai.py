@@ -14,8 +14,9 @@ from typing import Any, Generic, TypeVar
 
 from ... import GenerationResult
 from ..answer import Calls, Piece, ReasoningDelta, TextDelta, Whole
+from ..apierror import APIError
 from ..prompts import Work
-from ..schema import APIError, ChatRequest, CompletionRequest, parse
+from ..schema import ChatRequest, CompletionRequest, parse
 from .base import SSE, Answered, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
 from .figures import EXTRA_KEY, summed
 

@@ -18,8 +18,9 @@ from typing import Literal
 
 from ... import GenerationResult
 from ..answer import Call, Calls, Piece, ReasoningDelta, TextDelta, Whole
+from ..apierror import APIError
 from ..prompts import Work
-from ..schema import APIError, ChatRequest, parse
+from ..schema import ChatRequest, parse
 from .base import SSE, Body, Reply, Wanted, Writer, dumps, reasoning_tokens
 from .figures import EXTRA_KEY
 from .responses_schema import FunctionCallItem, MessageItem, ResponsesRequest, Turn, turns

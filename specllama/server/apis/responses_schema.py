@@ -13,11 +13,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from ..apierror import APIError
 from ..schema import (
     MAX_MESSAGES,
     MAX_PARTS,
     MAX_TOOLS,
-    APIError,
     CalledFunction,
     ChatRequest,
     FunctionDef,

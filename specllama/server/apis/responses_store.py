@@ -18,7 +18,7 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter
 
-from ..schema import APIError
+from ..apierror import APIError
 from .base import Body
 from .responses_schema import Turn
 

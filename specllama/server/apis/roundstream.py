@@ -28,8 +28,9 @@ from ... import GenerationResult, InvalidParameterError
 from ...engine.drafting.chain import Drafters
 from ...engine.settings import validate_setting
 from ..answer import Piece, Whole
+from ..apierror import APIError
 from ..prompts import Work
-from ..schema import APIError, ChatRequest, parse
+from ..schema import ChatRequest, parse
 from .base import SSE, Body, Reply, Wanted
 from .roundevents import TurnEvents, sse
 
