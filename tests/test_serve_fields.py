@@ -208,6 +208,12 @@ def test_llama_servers_defaults_are_no_ops(server):
                 "ignore_eos": False, "cache_prompt": True}
     for ask in (chat, complete):
         assert ask(server, max_tokens=4, **defaults).status_code == 200
+    # Off in any JSON spelling of the number (a client that writes every number as a
+    # float), but a boolean is not a number here.
+    floats = {"mirostat": 0.0, "min_keep": 0.0, "n_probs": 0.0, "typical_p": 1,
+              "top_n_sigma": -1}
+    assert chat(server, max_tokens=4, **floats).status_code == 200
+    refused(chat(server, mirostat=False), "mirostat", "not supported")
 
 
 # ------------------------------------------------------------------- null is the default

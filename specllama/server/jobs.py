@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from .. import (
     ConstraintError,
@@ -117,8 +117,37 @@ class Outcome:
     prompt_cache: CacheFigures = CacheFigures()
 
 
+class Decoding(Protocol):
+    """What the worker drives: an engine process (isolation.EngineProcess) or one in
+    this process (Slot, slots.Slots: never lost, nothing to cancel or kill)."""
+
+    @property
+    def starts(self) -> int:
+        """Times started: a job begun at another count had an engine since lost."""
+
+    @property
+    def parallel(self) -> int: ...  # requests served at once: the models' sequences
+    @property
+    def pid(self) -> int | None:
+        """The engine process's (/health's engine_pid); None in this process."""
+
+    def prepare(self) -> str | None: ...
+    def run(self, order: Order, put: Callable[[Item], None],
+            cancelled: Callable[[], bool]) -> Outcome: ...
+    def cancel(self, order_id: int) -> None:
+        """From any thread: stop order `order_id` at its next round, past `cancelled`."""
+
+    def start(self) -> object:
+        """Start it again after an EngineLost."""
+
+    def kill(self) -> None:
+        """End it at once, a thread stuck in `run` or not (after close's threads)."""
+
+    def close(self) -> None: ...
+
+
 class InProcess:
-    """What the worker asks of an engine process (worker.Decoding), answered in this
+    """What the worker asks of an engine process (Decoding), answered in this
     process instead: started once, when made, and never lost."""
 
     starts = 1

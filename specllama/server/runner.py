@@ -22,7 +22,8 @@ from .. import SpecLlamaError
 from ..engine.llama import Vocabulary
 from .app import create_app
 from .config import GRACE_S, ServeConfig
-from .worker import Decoding, Totals, Worker
+from .jobs import Decoding
+from .worker import Totals, Worker
 
 
 class ServeError(SpecLlamaError):

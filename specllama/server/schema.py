@@ -132,9 +132,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     # its no-op value. A sampler's other fields (dry_base, xtc_threshold, mirostat_tau,
     # dynatemp_exponent, ...) change nothing while it is off, as in
     # llama.cpp, so they pass; switched on, the 400 names the switch.
-    "mirostat": (None, 0), "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0),
-    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0),
-    "dynatemp_range": (None, 0, 0.0), "top_n_sigma": (None, -1, -1.0, 0, 0.0),
+    "mirostat": (None, 0), "typical_p": (None, 1), "tfs_z": (None, 1),
+    "dry_multiplier": (None, 0), "xtc_probability": (None, 0),
+    "dynatemp_range": (None, 0), "top_n_sigma": (None, -1, 0),
     "min_keep": (None, 0), "samplers": (None,),  # specllama's order is fixed (docs/apis.md)
     "n_probs": (None, 0), "post_sampling_probs": (None, False),  # here: logprobs
     "n_indent": (None, 0), "t_max_predict_ms": (None, 0),
@@ -323,10 +323,12 @@ def _loads(text: str) -> Any:
 
 
 def _check_unsupported(data: dict[str, Any], honoured: frozenset[str]) -> None:
+    # JSON's equality, as the OpenAPI enum states it: 0.0 is 0, false is not 0.
     # Comparing with None, {} or a one-item list is O(1) whatever the client sent.
     for name, no_op in UNSUPPORTED.items():
         if name in data and name not in honoured and not any(
-                data[name] == v and type(data[name]) is type(v) for v in no_op):
+                data[name] == v and isinstance(data[name], bool) == isinstance(v, bool)
+                for v in no_op):
             raise APIError(400, f"{name} is not supported by this server (specllama "
                            "serve); leave it out", param=name, code="unsupported_parameter")
 

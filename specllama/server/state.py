@@ -39,6 +39,21 @@ class Totals:
             "tokens": self.stats.tokens,
         }
 
+    def add(self, busy_s: float, results: list[GenerationResult], choices: int,
+            failed: bool) -> None:
+        """A request served: `results` are its choices' that ran (fewer than `choices`,
+        or the last interrupted: it was cancelled)."""
+        self.busy_s += busy_s
+        if failed:
+            self.failed += 1
+        # (not job.cancelled: the HTTP side cancels each job it answered, maybe by now)
+        elif len(results) < choices or results[-1].finish_reason == "interrupted":
+            self.cancelled += 1
+        else:
+            self.completed += 1
+        for result in results:
+            self.stats.merge(result.stats)
+
 
 @dataclass(frozen=True)
 class Down:

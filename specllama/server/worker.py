@@ -25,12 +25,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Protocol
 
 from .. import Drafters, GenerationResult, SpecLlamaError, Stats
 from .handoff import END, Job, QueueFull, ShuttingDown, Unavailable, Wanted
 from .isolation import EngineLost
-from .jobs import SHUTTING_DOWN, Failure, Item, Order, Outcome, choice_work
+from .jobs import SHUTTING_DOWN, Decoding, Failure, Order, Outcome, choice_work
 from .metrics import Metrics
 from .promptcache import CacheFigures
 from .prompts import Work
@@ -41,35 +40,6 @@ Submit = Callable[[Work, str, Wanted], Job]
 
 # Seconds between attempts to start a lost engine again: doubling up to this.
 BACKOFF_MAX_S = 10.0
-
-
-class Decoding(Protocol):
-    """What the worker drives: an engine process (isolation.EngineProcess) or one in
-    this process (jobs.Slot, slots.Slots: never lost, nothing to cancel or kill)."""
-
-    @property
-    def starts(self) -> int:
-        """Times started: a job begun at another count had an engine since lost."""
-
-    @property
-    def parallel(self) -> int: ...  # requests served at once: the models' sequences
-    @property
-    def pid(self) -> int | None:
-        """The engine process's (/health's engine_pid); None in this process."""
-
-    def prepare(self) -> str | None: ...
-    def run(self, order: Order, put: Callable[[Item], None],
-            cancelled: Callable[[], bool]) -> Outcome: ...
-    def cancel(self, order_id: int) -> None:
-        """From any thread: stop order `order_id` at its next round, past `cancelled`."""
-
-    def start(self) -> object:
-        """Start it again after an EngineLost."""
-
-    def kill(self) -> None:
-        """End it at once, a thread stuck in `run` or not (after close's threads)."""
-
-    def close(self) -> None: ...
 
 
 class Worker:
@@ -331,17 +301,8 @@ class Worker:
     def _account(self, job: Job, started: float, results: list[GenerationResult],
                  failed: Failure | EngineLost | None) -> None:
         with self._lock:
-            t = self.totals
-            t.busy_s += time.perf_counter() - started
-            if failed is not None:
-                t.failed += 1
-            # (not job.cancelled: the HTTP side cancels each job it answered, maybe by now)
-            elif len(results) < job.work.choices or results[-1].finish_reason == "interrupted":
-                t.cancelled += 1
-            else:
-                t.completed += 1
-            for result in results:
-                t.stats.merge(result.stats)
+            self.totals.add(time.perf_counter() - started, results, job.work.choices,
+                            failed is not None)
         if job.first_token_s is not None:
             self.metrics.first_token(job.first_token_s)
         for result in results if failed is None else []:
