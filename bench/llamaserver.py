@@ -9,7 +9,8 @@ marked `"chat": false`) with the same seed, max_tokens and
 sampling (top-k, top-p and min-p off on both sides, so T = 0.8 is the same
 distribution), timed at the client from the POST to the last byte. Each prompt carries
 a tag naming its repetition and temperature, so no server has seen it before (see
-`fresh`). Figures: tokens per second of each request (completion tokens over that
+`fresh`), and every server starts afresh for each repetition, so none drafts from the
+answers of the last. Figures: tokens per second of each request (completion tokens over that
 time), their geometric mean over the prompts per repetition, then min/median/max over
 repetitions; ratios are taken within a repetition. Each server's own draft/accept
 counts come from its response (`timings` for llama-server, `speculative` for ours).
@@ -202,18 +203,28 @@ def record(c: Contender, answer: dict[str, Any], seconds: float) -> dict[str, An
     return r
 
 
-def start_all(cs: list[Contender], args: argparse.Namespace, first: Any,
+#: The warm-up's prompt: no benchmark prompt's text, so that no server (ours remember
+#: what they generated, llama-server's n-gram drafts too) drafts a timed answer from it.
+WARM_UP = "Say hello."
+
+
+def start_all(cs: list[Contender], args: argparse.Namespace, chat: bool,
               servers: dict[str, ApiServer]) -> None:
     """Every server up at once (an idle one uses no CPU), each warmed by one request."""
     for c in cs:
         server = servers[c.name] = ApiServer(c.name, c.argv, c.port_flag, args.timeout,
                                                args.logs)
         status, answer, _ = request(
-            server.port, "/v1/chat/completions" if first.chat else "/v1/completions",
-            request_body(c, server.model, first.prompt, 0.0, 0, 8, False, first.chat),
-            args.timeout)
+            server.port, "/v1/chat/completions" if chat else "/v1/completions",
+            request_body(c, server.model, WARM_UP, 0.0, 0, 8, False, chat), args.timeout)
         if status != 200:
             sys.exit(f"{c.name}: warm-up answered {status}: {answer}")
+
+
+def stop_all(servers: dict[str, ApiServer]) -> None:
+    for server in servers.values():
+        server.stop()
+    servers.clear()
 
 
 def send(server: ApiServer, c: Contender, args: argparse.Namespace, p: Any, rep: int,
@@ -233,12 +244,16 @@ def send(server: ApiServer, c: Contender, args: argparse.Namespace, p: Any, rep:
 def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -> None:
     """Each request sent to each server in turn, the order rotated from one prompt to the
     next: the machine's drift (this VM's memory bandwidth swings ±15% over minutes)
-    falls on every contender alike."""
+    falls on every contender alike. Every server starts afresh for each repetition: a
+    server that drafts from what it generated before (ours, llama-server's n-gram kinds)
+    would otherwise copy the last repetition's answers to the same prompts, which
+    measures its cache, not the pair."""
     servers: dict[str, ApiServer] = {}
     try:
-        start_all(cs, args, prompts[0], servers)
         turn = 0
         for rep in range(args.reps):
+            stop_all(servers)
+            start_all(cs, args, prompts[0].chat, servers)
             for temp in args.temps:
                 rows: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cs}
                 for i, p in enumerate(prompts):
@@ -251,8 +266,7 @@ def run_all(cs: list[Contender], args: argparse.Namespace, prompts: list[Any]) -
                     gm = geomean([r["tokens_per_s"] for r in rows[c.name]])
                     print(f"  rep {rep + 1} T={temp:g} {c.name}: {gm:.1f} tok/s", file=sys.stderr)
     finally:
-        for server in servers.values():
-            server.stop()
+        stop_all(servers)
 
 
 # ------------------------------------------------------------------------------ summary

@@ -1,5 +1,6 @@
-"""bench/llamaserver.py without servers: the contenders it starts, the requests it sends,
-what it reads back and the summary of made-up timings."""
+"""bench/llamaserver.py: the contenders it starts, the requests it sends, what it reads
+back and the summary of made-up timings, without servers; how it starts them for each
+repetition, with a real `specllama serve`."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 from bench import llamaserver as ls
 from bench.lib import even
+from bench.lib.processes import request
 from specllama.cli.bench_command.prompts import parse_prompts
 
 
@@ -214,3 +216,35 @@ def test_the_summary_without_a_speculative_llama_server():
     rows = ls.summarize(cs, 0.0)
     assert "vs_best_llama_server_speculative" not in rows[1]
     assert rows[1]["vs_llama_server_alone"]["median"] == pytest.approx(1.5)
+
+
+def test_every_repetition_meets_servers_that_have_seen_none_of_the_last(
+        tiny_target, tiny_draft, monkeypatch):
+    """A server that drafts from what it generated (ours; llama-server's n-gram kinds)
+    would copy the last repetition's answers to the same prompts: each repetition starts
+    every server afresh, warmed on a prompt of no repetition's. A real `specllama serve`."""
+    started: list = []
+
+    class Watched(ls.ApiServer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+        def stop(self):
+            _, health, _ = request(self.port, "/health", None, 10)
+            self.served = health["requests"]["completed"]
+            super().stop()
+
+    monkeypatch.setattr(ls, "ApiServer", Watched)
+    args = ls.arguments().parse_args([
+        "--target", str(tiny_target), "--draft", str(tiny_draft), "--threads", "1",
+        "--n-ctx", "256", "--reps", "2", "--max-tokens", "8", "--temperatures", "0",
+        "--specllama", "--drafters lookup"])
+    args.temps = [0.0]
+    prompts = parse_prompts('{"id": "p", "prompt": "the cat sat on the", "chat": false}')
+    (ours,) = ls.specllama_contenders(args)
+    ls.run_all([ours], args, prompts)
+    assert len(started) == 2  # one server a repetition
+    assert [s.served for s in started] == [2, 2]  # its warm-up and its own request
+    assert [len(rep) for rep in ours.runs[0.0]] == [1, 1]
+    assert ls.WARM_UP not in prompts[0].prompt

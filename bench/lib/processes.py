@@ -217,7 +217,7 @@ class ApiServer:
         _, models, _ = request(self.port, "/v1/models", None, 5)
         self.model = str(models["data"][0]["id"])
         # The pipe is not read here while serving: a chatty server must not block on it.
-        log = open(logs / f"{name.replace(' ', '_').replace('/', '_')}.log", "wb") \
+        log = open(logs / f"{name.replace(' ', '_').replace('/', '_')}.log", "ab") \
             if logs else subprocess.DEVNULL
         self._drain = subprocess.Popen(["cat"], stdin=self.proc.stderr, stdout=log)
 
