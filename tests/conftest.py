@@ -53,8 +53,9 @@ def pytest_configure(config) -> None:
     """With workers, an idle one takes tests queued at a busy one (`worksteal`): with
     xdist's default (`load`, which `-n` alone gives) the last minutes of the fast tests
     ran on one worker of three (12:26 against 10:39 on a 2-core AMD EPYC). Here, not in
-    addopts, so that `-p no:xdist` still runs."""
-    if getattr(config.option, "dist", None) == "load":
+    addopts, so that `-p no:xdist` still runs; a `--dist` given stands."""
+    given = any(str(a).startswith("--dist") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", None) == "load" and not given:
         config.option.dist = "worksteal"
 
 
