@@ -9,6 +9,7 @@ import pytest
 from bench import llamaserver as ls
 from bench.lib import even
 from bench.lib.processes import request
+from bench.lib.server_table import fmt
 from specllama.cli.bench_command.prompts import parse_prompts
 
 
@@ -192,7 +193,7 @@ def test_the_summary_pairs_ratios_within_a_repetition_and_stars_llama_servers_be
     assert rows["specllama default"]["acceptance"] == pytest.approx(0.75)
     assert rows["specllama default"]["drafted_per_request"] == 8
     assert rows["llama-server"]["acceptance"] is None
-    assert ls._fmt(rows["specllama default"]["vs_best_llama_server_speculative"]) == \
+    assert fmt(rows["specllama default"]["vs_best_llama_server_speculative"]) == \
         "1.25 [1.00-1.50]"
 
 
