@@ -10,8 +10,8 @@ sampling (top-k, top-p and min-p off on both sides, so T = 0.8 is the same
 distribution), timed at the client from the POST to the last byte. Each prompt carries
 a tag naming its repetition and temperature, so no server has seen it before (see
 `fresh`), and every server starts afresh for each repetition, so none drafts from the
-answers of the last. Figures: tokens per second of each request (completion tokens over that
-time), their geometric mean over the prompts per repetition, then min/median/max over
+answers of the last. Figures: tokens per second of each request (completion tokens over
+that time), their geometric mean over the prompts per repetition, then min/median/max over
 repetitions; ratios are taken within a repetition. Each server's own draft/accept
 counts come from its response (`timings` for llama-server, `speculative` for ours).
 

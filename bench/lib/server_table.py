@@ -31,7 +31,6 @@ class Contender:
     runs: dict[float, list[list[dict[str, Any]]]] = field(default_factory=dict)
 
 
-
 def summarize(cs: list[Contender], temp: float) -> list[dict[str, Any]]:
     base = next(c for c in cs if c.name == BASELINE)
     base_gm = [geomean([r["tokens_per_s"] for r in rows]) for rows in base.runs[temp]]

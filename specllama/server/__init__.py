@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .prompts import Defaults
     from .runner import ServeError, is_loopback, listen, serve
     from .slots import Slots
-    from .worker import Totals
+    from .state import Totals
 
 # Each name loads its module when first read: the engine process (server.child) and the
 # chat REPL (server.isolation) import this package without its HTTP layers (uvicorn,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _HOME = {"ServeConfig": "config", "EngineLost": "isolation", "EngineProcess": "isolation",
          "Slot": "jobs", "Defaults": "prompts", "ServeError": "runner",
          "is_loopback": "runner", "listen": "runner", "serve": "runner", "Slots": "slots",
-         "Totals": "worker"}
+         "Totals": "state"}
 
 __all__ = ["Defaults", "Slot", "EngineLost", "EngineProcess", "ServeConfig", "ServeError",
            "Slots", "Totals", "is_loopback", "listen", "serve"]

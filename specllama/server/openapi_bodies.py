@@ -28,7 +28,15 @@ from .apis.infill_schema import NOT_RUN, OFF_HERE, OURS, InfillRequest
 from .apis.messages_schema import MessagesRequest
 from .apis.responses_schema import IGNORED, NO_OP, ResponsesRequest
 from .apis.roundstream import RoundsRequest
-from .schema import MAX_MESSAGES, MAX_STOP, MAX_TOOLS, UNSUPPORTED, ChatRequest, CompletionRequest
+from .schema import (
+    MAX_MESSAGES,
+    MAX_STOP,
+    MAX_TOOLS,
+    UNSUPPORTED,
+    ChatRequest,
+    CompletionRequest,
+    json_equal,
+)
 
 JSON = dict[str, Any]  # a JSON document, or a part of one
 
@@ -128,7 +136,7 @@ def _distinct(values: tuple[Any, ...]) -> list[Any]:
     are not)."""
     out: list[Any] = []
     for v in values:
-        if not any(v == w and isinstance(v, bool) == isinstance(w, bool) for w in out):
+        if not any(json_equal(v, w) for w in out):
             out.append(v)
     return out
 

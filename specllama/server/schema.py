@@ -322,13 +322,17 @@ def _loads(text: str) -> Any:
             gc.enable()
 
 
+def json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values (and JSON Schema's enum) compare them: 0.0 is 0, false is not
+    0 (Python's True == 1)."""
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)
+
+
 def _check_unsupported(data: dict[str, Any], honoured: frozenset[str]) -> None:
-    # JSON's equality, as the OpenAPI enum states it: 0.0 is 0, false is not 0.
     # Comparing with None, {} or a one-item list is O(1) whatever the client sent.
     for name, no_op in UNSUPPORTED.items():
         if name in data and name not in honoured and not any(
-                data[name] == v and isinstance(data[name], bool) == isinstance(v, bool)
-                for v in no_op):
+                json_equal(data[name], v) for v in no_op):
             raise APIError(400, f"{name} is not supported by this server (specllama "
                            "serve); leave it out", param=name, code="unsupported_parameter")
 
