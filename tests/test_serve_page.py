@@ -68,7 +68,9 @@ class Browser:
             self.close()
             raise AssertionError("chromium did not start")
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # drained
-        self.ws = connect(url, max_size=None, open_timeout=30)
+        # Entered as a context manager: websockets 17.1 deprecates a connection used
+        # without one, and `legacy=True` is unknown before it.
+        self.ws = connect(url, max_size=None, open_timeout=30).__enter__()
         self.ids = iter(range(1, 1 << 30))
         self.events: dict[str, list[dict]] = {}  # by session
         self.lock = threading.Lock()
