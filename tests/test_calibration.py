@@ -236,7 +236,11 @@ def test_a_busy_machine_counts_as_disturbed(gguf, measured, monkeypatch):
 def test_measuring_stops_at_its_time_limit(tiny_target):
     m = Model(tiny_target, n_ctx=256, n_threads=1)
     curve = measure_curve(m, 16, limit_s=0.0)  # past the limit after the first decode
-    assert curve.measured == (1,) and curve.max_n == 16  # the rest extrapolated
+    # but not before T(2): from T(1) alone the curve would be flat, verifying 16 tokens
+    # as cheap as one; the rest extrapolated along T(2) - T(1)
+    assert curve.measured == (1, 2) and curve.max_n == 16
+    slope = curve.t(2) - curve.t(1)
+    assert curve.t(16) == pytest.approx(curve.t(2) + 14 * slope)
     full = measure_curve(m, 16, limit_s=60.0)
     assert full.measured == (1, 2, 3, 4, 5, 6, 8, 12, 16)
     m.close()

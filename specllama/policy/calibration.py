@@ -37,7 +37,7 @@ from .costcurve import CostCurve, isotonic
 from .cpumeter import CpuMeter
 
 #: Bump when what is measured (or how) changes: old cache files are then ignored.
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4  # 4: a slow model's curve has T(2), not T(1) alone
 Rows = Literal["all", "last"]  # the rows whose logits a timed decode computes
 TARGET_MAX_N = 16  # verify passes of up to 16 tokens (15 drafts)
 #: A draft step is 1 token (2 after a fully accepted round), a catch-up one batch of all the tokens
@@ -92,7 +92,8 @@ def measure_curve(
 
     Passes repeat up to `min_passes` and then while the next one fits in `budget_s`
     (a slow model gets fewer passes); after `limit_s` (warm-up included) it stops
-    where it is: batch sizes not timed yet are interpolated from those that were."""
+    where it is, but not before T(2): batch sizes not timed yet are interpolated from
+    those that were, beyond the last along its slope."""
     max_n = max(1, min(max_n, model.n_batch))
     with _preserved(model) as base:
         context = 16 if base == 0 else 0  # time the decode at a realistic small position
@@ -145,8 +146,11 @@ def _passes(
         t_pass = time.perf_counter()
         for n in order:
             samples[n].append(timed(n))
-            if over():
-                break  # a slow (or busy) machine: what we have beats making the user wait
+            # A slow (or busy) machine: what we have beats making the user wait, once the
+            # curve has a slope. From T(1) alone it is flat, verifying 8 tokens as cheap as
+            # one: an 8B on 2 cores (T(16) alone past the limit) drafted at 0.67x its target.
+            if over() and sum(1 for v in samples.values() if v) >= 2:
+                break
         samples[1].append(timed(1))  # the normalizer gets twice the samples
         passes += 1
         now = time.perf_counter()
